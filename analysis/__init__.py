@@ -1,0 +1,8 @@
+"""Privacy accounting for DP-SGD, in pure Python/NumPy/SciPy (no TensorFlow import).
+
+Modules:
+  rdp_accountant          Renyi-DP of the (sub)sampled Gaussian mechanism and conversion to (eps, delta).
+  pld_accountant          Privacy-loss-distribution (FFT) accounting, tighter than RDP.
+  calibration             Noise multiplier for a target (eps, delta).
+  compute_dp_sgd_privacy  Library function and command-line tool for a DP-SGD run.
+"""

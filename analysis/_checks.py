@@ -1,0 +1,75 @@
+"""Argument validation shared by the accounting modules.
+
+Every check raises ``ValueError`` whose message names the argument, the allowed range and
+the value received, so a bad input can never turn into a silently wrong epsilon.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+
+def _describe(value) -> str:
+  return repr(value)
+
+
+def check_probability(name: str, value, *, allow_zero: bool = True) -> float:
+  """Returns ``value`` as float; requires it in [0, 1] (or (0, 1] if not allow_zero)."""
+  value = check_real(name, value)
+  low_ok = value >= 0.0 if allow_zero else value > 0.0
+  if not (low_ok and value <= 1.0):
+    interval = "[0, 1]" if allow_zero else "(0, 1]"
+    raise ValueError(f"{name} must be in {interval}, got {_describe(value)}.")
+  return value
+
+
+def check_real(name: str, value) -> float:
+  """Returns ``value`` as a float; requires a real, non-NaN number (inf allowed)."""
+  if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
+    if not (isinstance(value, np.ndarray) and value.ndim == 0):
+      raise ValueError(f"{name} must be a real number, got {_describe(value)}.")
+  value = float(value)
+  if math.isnan(value):
+    raise ValueError(f"{name} must not be NaN.")
+  return value
+
+
+def check_nonnegative(name: str, value) -> float:
+  """Returns ``value`` as float; requires it in [0, inf)."""
+  value = check_real(name, value)
+  if value < 0.0:
+    raise ValueError(f"{name} must be >= 0, got {_describe(value)}.")
+  return value
+
+
+def check_positive(name: str, value) -> float:
+  """Returns ``value`` as float; requires it in (0, inf)."""
+  value = check_real(name, value)
+  if not value > 0.0:
+    raise ValueError(f"{name} must be > 0, got {_describe(value)}.")
+  return value
+
+
+def check_delta(name: str, value) -> float:
+  """Returns ``value`` as float; requires it in the open interval (0, 1)."""
+  value = check_real(name, value)
+  if not 0.0 < value < 1.0:
+    raise ValueError(f"{name} must be in (0, 1), got {_describe(value)}.")
+  return value
+
+
+def check_count(name: str, value, *, minimum: int = 0) -> int:
+  """Returns ``value`` as int; requires an integer (int or integral float) >= minimum."""
+  if isinstance(value, bool):
+    raise ValueError(f"{name} must be an integer >= {minimum}, got {_describe(value)}.")
+  if isinstance(value, (numbers.Integral, np.integer)):
+    result = int(value)
+  elif isinstance(value, (numbers.Real, np.floating)) and float(value).is_integer():
+    result = int(value)
+  else:
+    raise ValueError(f"{name} must be an integer >= {minimum}, got {_describe(value)}.")
+  if result < minimum:
+    raise ValueError(f"{name} must be an integer >= {minimum}, got {_describe(value)}.")
+  return result
