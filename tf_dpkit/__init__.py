@@ -1,0 +1,30 @@
+"""tf_dpkit: differentially private training (DP-SGD) for TensorFlow 2 / Keras 3.
+
+Swap a Keras optimizer for its DP version and pass a vector loss::
+
+    optimizer = tf_dpkit.DPAdamGaussianOptimizer(
+        l2_norm_clip=1.0, noise_multiplier=1.1, learning_rate=1e-3)
+    optimizer.minimize(vector_loss, model.trainable_variables, tape=tape)
+
+or train with ``model.fit`` through ``tf_dpkit.DPSequential`` / ``tf_dpkit.DPModel``.
+Privacy accounting lives in the top-level ``analysis`` package.
+"""
+from tf_dpkit import v1
+from tf_dpkit.models import DPModel, DPSequential, make_dp_model_class
+from tf_dpkit.optimizers import (
+    DPAdagradGaussianOptimizer,
+    DPAdamGaussianOptimizer,
+    DPAdamWGaussianOptimizer,
+    DPGradientDescentGaussianOptimizer,
+    DPRMSPropGaussianOptimizer,
+    is_dp_optimizer,
+    make_gaussian_optimizer_class,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "v1", "DPModel", "DPSequential", "make_dp_model_class", "make_gaussian_optimizer_class",
+    "is_dp_optimizer", "DPGradientDescentGaussianOptimizer", "DPAdamGaussianOptimizer",
+    "DPAdamWGaussianOptimizer", "DPAdagradGaussianOptimizer", "DPRMSPropGaussianOptimizer",
+]

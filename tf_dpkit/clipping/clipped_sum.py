@@ -1,0 +1,71 @@
+"""Clip per-microbatch gradients to an L2 ball and sum them.
+
+For microbatch gradients ``g_1..g_M`` (each the concatenation of all variables' gradients)
+the clipped sum is
+
+    S = sum_j g_j * min(1, C / ||g_j||_2)
+
+so each microbatch moves ``S`` by at most ``C`` in L2 norm: the sensitivity DP-SGD's noise is
+calibrated to.  Norms are taken over all variables together (global clipping).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+
+class ClippedSum(NamedTuple):
+  """Result of the per-microbatch step.
+
+  Attributes:
+    grads: list, one tensor per variable, ``sum_j clip(g_j)`` (not yet noised or averaged).
+    norms: float tensor [M], the pre-clipping L2 norm of each microbatch gradient.
+    losses: float tensor [M], each microbatch's mean loss (for logging).
+  """
+  grads: list
+  norms: tf.Tensor
+  losses: tf.Tensor
+
+
+def global_norms(per_microbatch_grads) -> tf.Tensor:
+  """Returns the [M] L2 norms of per-microbatch gradients stacked on axis 0 of each tensor.
+
+  ``norm_j = sqrt(sum_v ||g_{j,v}||^2)`` over all variables ``v``; ``None`` entries count as 0.
+  """
+  squares = [
+      tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), axis=1)
+      for g in per_microbatch_grads if g is not None
+  ]
+  if not squares:
+    raise ValueError("No variable has a gradient: nothing to clip.")
+  return tf.sqrt(tf.add_n(squares))
+
+
+def clip_factors(norms: tf.Tensor, l2_norm_clip) -> tf.Tensor:
+  """Returns ``min(1, C / norm)`` per microbatch; a zero norm gets factor 1 (never NaN)."""
+  clip = tf.cast(l2_norm_clip, norms.dtype)
+  return tf.minimum(tf.ones_like(norms), tf.math.divide_no_nan(clip, norms) +
+                    tf.cast(tf.equal(norms, 0), norms.dtype))
+
+
+def clip_and_sum(per_microbatch_grads, l2_norm_clip):
+  """Clips each microbatch gradient to L2 norm ``l2_norm_clip`` and sums over microbatches.
+
+  Args:
+    per_microbatch_grads: list with one tensor ``[M, *variable.shape]`` per variable
+      (``None`` for a variable the loss does not reach: it stays ``None``).
+    l2_norm_clip: clip norm ``C > 0`` (gradient units).
+
+  Returns:
+    ``(summed_grads, norms)``: the list of ``sum_j g_j min(1, C/||g_j||)`` and the [M] norms.
+  """
+  norms = global_norms(per_microbatch_grads)
+  factors = clip_factors(norms, l2_norm_clip)
+  summed = []
+  for g in per_microbatch_grads:
+    if g is None:
+      summed.append(None)
+      continue
+    summed.append(tf.tensordot(tf.cast(factors, g.dtype), g, axes=[[0], [0]]))
+  return summed, norms

@@ -1,0 +1,165 @@
+"""Per-microbatch gradients, two ways, each ending in :func:`clip_and_sum`.
+
+* :func:`clipped_sum_from_vector_loss` -- the optimizer interface: the loss is a vector
+  already computed on a tape, so per-microbatch gradients are rows of the Jacobian
+  ``d loss_mb / d theta`` (vectorized with pfor).  Cost grows with
+  ``num_microbatches x batch``: fine for few microbatches, slow for per-example clipping of
+  big batches.  That is inherent to the "vector loss + tape" interface.
+* :func:`clipped_sum_vectorized` -- the model interface: a loss *function* of a microbatch is
+  mapped over microbatches with ``tf.vectorized_map``, so each example's backward pass only
+  sees its own microbatch (cost about linear in the batch).  ``DPModel`` uses it.
+
+Microbatch ``j`` of a batch of ``B`` examples split into ``M`` microbatches holds examples
+``j*k .. (j+1)*k - 1`` with ``k = B / M``; its loss is the mean of its examples' losses.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tf_dpkit.clipping.clipped_sum import ClippedSum, clip_and_sum
+
+
+def _static_batch_size(tensor):
+  return tf.compat.dimension_value(tensor.shape[0]) if tensor.shape.rank else None
+
+
+def _check_divisible(batch_size_tensor, num_microbatches, static_batch):
+  """Raises (statically when possible) unless ``num_microbatches`` divides the batch size."""
+  message = (
+      "num_microbatches={m} must divide the batch size{b}. For the last, smaller batch use "
+      "`drop_remainder=True` in the input pipeline, or `num_microbatches=None` (one microbatch "
+      "per example).")
+  if static_batch is not None:
+    if static_batch % num_microbatches:
+      raise ValueError(message.format(m=num_microbatches, b=f" ({static_batch})"))
+    return []
+  return [tf.debugging.assert_equal(
+      batch_size_tensor % num_microbatches, tf.cast(0, batch_size_tensor.dtype),
+      message=message.format(m=num_microbatches, b=""))]
+
+
+def split_into_microbatches(vector_loss, num_microbatches=None):
+  """Returns the [M] microbatch mean losses of a per-example loss vector of length B.
+
+  Args:
+    vector_loss: float tensor [B] (one entry per example).  A scalar loss is rejected: it has
+      already averaged examples together, so their individual influence cannot be bounded.
+    num_microbatches: ``None`` (M = B, one example per microbatch) or an int M dividing B.
+  """
+  vector_loss = tf.convert_to_tensor(vector_loss)
+  if vector_loss.shape.rank == 0:
+    raise ValueError(
+        "DP optimizers need a vector loss with one entry per example (shape [batch]), got a "
+        "scalar. Compute the loss with reduction=None (e.g. "
+        "`keras.losses.SparseCategoricalCrossentropy(reduction=None)` or "
+        "`tf.nn.sparse_softmax_cross_entropy_with_logits`).")
+  if vector_loss.shape.rank is not None and vector_loss.shape.rank > 1:
+    vector_loss = tf.reduce_mean(
+        tf.reshape(vector_loss, [tf.shape(vector_loss)[0], -1]), axis=1)
+  if num_microbatches is None:
+    return vector_loss
+  checks = _check_divisible(tf.shape(vector_loss)[0], num_microbatches,
+                            _static_batch_size(vector_loss))
+  with tf.control_dependencies(checks):
+    return tf.reduce_mean(tf.reshape(vector_loss, [num_microbatches, -1]), axis=1)
+
+
+def _zeros_for_unconnected(jacobian, var_list, num_rows):
+  return [
+      j if j is not None else tf.zeros(
+          tf.concat([[num_rows], tf.shape(v)], 0), dtype=v.dtype)
+      for j, v in zip(jacobian, var_list)
+  ]
+
+
+def clipped_sum_from_vector_loss(vector_loss, var_list, l2_norm_clip, num_microbatches=None,
+                                 tape=None, loss_scale=None):
+  """Clipped sum of per-microbatch gradients of a vector loss.
+
+  ``sum_j clip_C(grad_theta mean(loss[microbatch j]))``.  Variables the loss does not reach get
+  zero gradients (so they receive pure noise after noising, as in the DP-SGD analysis).
+
+  Args:
+    vector_loss: float tensor [B], recorded on ``tape`` (eager/``tf.function``) or part of the
+      current v1 graph (``tape=None`` outside eager mode).
+    var_list: variables to differentiate.
+    l2_norm_clip: clip norm C > 0.
+    num_microbatches: ``None`` (per example) or an int dividing B.
+    tape: the ``tf.GradientTape`` that recorded ``vector_loss``; required in eager mode.
+    loss_scale: optional float; the gradients are computed for ``loss * loss_scale`` (for
+      numerics) and divided by it *before* clipping, so the scale never changes clipping.
+  """
+  if tape is not None:
+    with tape:  # the microbatch reduction must be recorded too
+      losses = split_into_microbatches(vector_loss, num_microbatches)
+      target = losses * loss_scale if loss_scale is not None else losses
+    jacobian = tape.jacobian(target, var_list,
+                             unconnected_gradients=tf.UnconnectedGradients.ZERO,
+                             experimental_use_pfor=True)
+  else:
+    if tf.executing_eagerly():
+      raise ValueError(
+          "In eager mode a tensor loss needs the `tape=` that recorded it (or pass the loss as "
+          "a zero-argument callable).")
+    from tensorflow.python.ops.parallel_for import gradients as pfor_gradients  # pylint: disable=g-import-not-at-top
+    losses = split_into_microbatches(vector_loss, num_microbatches)
+    target = losses * loss_scale if loss_scale is not None else losses
+    jacobian = pfor_gradients.jacobian(target, list(var_list), use_pfor=True)
+    jacobian = _zeros_for_unconnected(jacobian, var_list, tf.shape(losses)[0])
+  if loss_scale is not None:
+    jacobian = [j / tf.cast(loss_scale, j.dtype) for j in jacobian]
+  summed, norms = clip_and_sum(jacobian, l2_norm_clip)
+  return ClippedSum(summed, norms, losses)
+
+
+def _to_microbatches(tensor, num_microbatches):
+  """[B, ...] -> [M, B/M, ...] (M = B when ``num_microbatches`` is None)."""
+  if tensor is None:
+    return None
+  tensor = tf.convert_to_tensor(tensor)
+  rest = tf.shape(tensor)[1:]
+  leading = [-1, 1] if num_microbatches is None else [num_microbatches, -1]
+  return tf.reshape(tensor, tf.concat([leading, rest], 0))
+
+
+def clipped_sum_vectorized(loss_fn, inputs, var_list, l2_norm_clip, num_microbatches=None):
+  """Clipped sum of per-microbatch gradients, mapping ``loss_fn`` over microbatches.
+
+  Args:
+    loss_fn: ``loss_fn(microbatch_inputs) -> (per_example_losses [k], aux)`` where
+      ``microbatch_inputs`` has the structure of ``inputs`` with leading dimension k = B/M,
+      and ``aux`` is a (possibly empty) nest of tensors with leading dimension k (e.g. the
+      predictions, returned to the caller for metrics).
+    inputs: nest of tensors (``None`` leaves allowed) sharing the batch dimension B.
+    var_list: variables to differentiate.
+    l2_norm_clip: clip norm C > 0.
+    num_microbatches: ``None`` (per example, any B) or an int M dividing B.
+
+  Returns:
+    ``(ClippedSum, aux)`` with ``aux`` re-assembled to leading dimension B.
+  """
+  flat = [x for x in tf.nest.flatten(inputs) if x is not None]
+  first = tf.convert_to_tensor(flat[0])
+  checks = []
+  if num_microbatches is not None:
+    checks = _check_divisible(tf.shape(first)[0], num_microbatches, _static_batch_size(first))
+  with tf.control_dependencies(checks):
+    microbatched = tf.nest.map_structure(
+        lambda t: _to_microbatches(t, num_microbatches), inputs)
+
+  def per_microbatch(mb_inputs):
+    with tf.GradientTape() as tape:
+      per_example, aux = loss_fn(mb_inputs)
+      per_example = tf.convert_to_tensor(per_example)
+      if per_example.shape.rank is not None and per_example.shape.rank > 1:
+        per_example = tf.reduce_mean(
+            tf.reshape(per_example, [tf.shape(per_example)[0], -1]), axis=1)
+      loss = tf.reduce_mean(per_example)
+    grads = tape.gradient(loss, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return grads, loss, aux
+
+  grads, losses, aux = tf.vectorized_map(per_microbatch, microbatched)
+  summed, norms = clip_and_sum(grads, l2_norm_clip)
+  aux = tf.nest.map_structure(
+      lambda t: tf.reshape(t, tf.concat([[-1], tf.shape(t)[2:]], 0)), aux)
+  return ClippedSum(summed, norms, losses), aux

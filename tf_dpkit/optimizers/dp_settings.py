@@ -1,0 +1,91 @@
+"""The DP-SGD hyper-parameters shared by every DP optimizer, validated once, and the step
+that turns a clipped sum into the private average gradient."""
+from __future__ import annotations
+
+import math
+import numbers
+
+import tensorflow as tf
+
+from tf_dpkit import noise as noise_lib
+
+
+def _real(name, value, *, allow_zero):
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    raise ValueError(f"{name} must be a real number, got {value!r}.")
+  value = float(value)
+  ok = value >= 0 if allow_zero else value > 0
+  if math.isnan(value) or math.isinf(value) or not ok:
+    interval = "[0, inf)" if allow_zero else "(0, inf)"
+    raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}.")
+  return value
+
+
+def _positive_int_or_none(name, value):
+  if value is None:
+    return None
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}.")
+  return int(value)
+
+
+class DPSettings:
+  """Validated DP-SGD settings.
+
+  Attributes:
+    l2_norm_clip: C > 0, the L2 bound on each microbatch's gradient.
+    noise_multiplier: sigma >= 0; the noise added to the clipped sum has std ``sigma * C``.
+    num_microbatches: ``None`` (one per example) or M >= 1 dividing every batch.
+    expected_batch_size: ``None`` or the expected size of a Poisson-sampled batch; when set the
+      noisy sum is divided by it instead of by the realised number of microbatches (the
+      realised size depends on the data, the expected one does not).
+    noise_key: the secret (or, with ``seed``, reproducible) key of the noise generator.
+  """
+
+  def __init__(self, l2_norm_clip, noise_multiplier, num_microbatches=None, *,
+               expected_batch_size=None, seed=None):
+    self.l2_norm_clip = _real("l2_norm_clip", l2_norm_clip, allow_zero=False)
+    self.noise_multiplier = _real("noise_multiplier", noise_multiplier, allow_zero=True)
+    self.num_microbatches = _positive_int_or_none("num_microbatches", num_microbatches)
+    if expected_batch_size is not None:
+      expected_batch_size = _real("expected_batch_size", expected_batch_size, allow_zero=False)
+      if self.num_microbatches is not None:
+        raise ValueError(
+            "expected_batch_size (Poisson-sampled batches of variable size) needs "
+            f"num_microbatches=None (one microbatch per example), got {num_microbatches}.")
+    self.expected_batch_size = expected_batch_size
+    self.noise_key = noise_lib.fresh_key(seed)
+
+  @property
+  def noise_stddev(self) -> float:
+    """Std of the Gaussian noise added to the clipped sum: ``noise_multiplier * l2_norm_clip``."""
+    return self.noise_multiplier * self.l2_norm_clip
+
+  def config(self) -> dict:
+    """The public settings for ``get_config`` (never the noise key)."""
+    return {
+        "l2_norm_clip": self.l2_norm_clip,
+        "noise_multiplier": self.noise_multiplier,
+        "num_microbatches": self.num_microbatches,
+        "expected_batch_size": self.expected_batch_size,
+    }
+
+  def private_average(self, clipped_grads, realised_microbatches, step):
+    """Returns ``(sum_j clip(g_j) + N(0, (sigma C)^2 I)) / normalizer`` per variable.
+
+    ``normalizer`` is ``expected_batch_size`` when set, else the number of microbatches
+    (``realised_microbatches``, a scalar tensor or int).  ``None`` gradients become zeros
+    plus noise is *not* applied to them: callers pass zeros for unconnected variables.
+    """
+    noised = noise_lib.add_gaussian_noise(clipped_grads, self.noise_stddev, self.noise_key, step)
+    out = []
+    for g in noised:
+      if g is None:
+        out.append(None)
+        continue
+      if self.expected_batch_size is not None:
+        normalizer = tf.cast(self.expected_batch_size, g.dtype)
+      else:
+        normalizer = tf.cast(realised_microbatches, g.dtype)
+      out.append(g / normalizer)
+    return out

@@ -1,0 +1,120 @@
+"""DP versions of Keras 3 optimizers.
+
+``make_keras_dp_class(Base)`` returns a subclass of ``Base`` whose gradients are computed from a
+*vector* loss with per-microbatch clipping and Gaussian noise; the update rule of ``Base``
+(momentum, Adam moments, weight decay, ...) then acts on the private gradient, which is
+post-processing and costs no privacy.
+"""
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from tf_dpkit.clipping import clipped_sum_from_vector_loss
+from tf_dpkit.optimizers.certificate import PrivateGradientCertificate
+from tf_dpkit.optimizers.dp_settings import DPSettings
+
+
+def make_keras_dp_class(base):
+  """Builds the DP subclass of the Keras 3 optimizer class ``base`` (see the factory)."""
+
+  class KerasDPOptimizer(base):
+    __doc__ = f"""Differentially private {base.__name__} (DP-SGD gradient, {base.__name__} update).
+
+    Args:
+      l2_norm_clip: C > 0; each microbatch gradient is clipped to L2 norm C.
+      noise_multiplier: sigma >= 0; Gaussian noise of std sigma*C is added to the clipped sum.
+      num_microbatches: None (one microbatch per example, default) or M dividing the batch.
+      *args, **kwargs: passed to ``keras.optimizers.{base.__name__}`` (e.g. learning_rate).
+      seed: optional int key for reproducible noise (tests); default: secret OS entropy.
+      expected_batch_size: for Poisson-sampled batches, divide the noisy sum by this instead
+        of the realised batch size (requires ``num_microbatches=None``).
+
+    One step: split the vector loss into M microbatches, clip each microbatch's gradient to
+    C, sum, add N(0, (sigma C)^2 I), divide by M (or ``expected_batch_size``), apply the
+    {base.__name__} update.  ``gradient_accumulation_steps`` is refused (noise per micro-step
+    would change the privacy analysis).
+    """
+
+    _dp_base_class = base
+
+    def __init__(self, l2_norm_clip, noise_multiplier, num_microbatches=None, *args,
+                 seed=None, expected_batch_size=None, **kwargs):
+      if kwargs.get("gradient_accumulation_steps"):
+        raise ValueError(
+            "gradient_accumulation_steps is not supported by DP optimizers: Keras would add "
+            "noise on every micro-step, which changes the privacy analysis. Use a larger "
+            "batch (or Poisson sampling with a larger expected_batch_size) instead.")
+      settings = DPSettings(l2_norm_clip, noise_multiplier, num_microbatches,
+                            expected_batch_size=expected_batch_size, seed=seed)
+      super().__init__(*args, **kwargs)
+      self._dp = settings
+      self._dp_certificate = PrivateGradientCertificate()
+
+    # Read-only views of the DP settings (one source of truth for DPModel too).
+    l2_norm_clip = property(lambda self: self._dp.l2_norm_clip)
+    noise_multiplier = property(lambda self: self._dp.noise_multiplier)
+    num_microbatches = property(lambda self: self._dp.num_microbatches)
+    expected_batch_size = property(lambda self: self._dp.expected_batch_size)
+    dp_settings = property(lambda self: self._dp)
+
+    def get_config(self):
+      config = super().get_config()
+      config.update(self._dp.config())
+      return config
+
+    def _loss_scale(self):
+      return self.loss_scale_factor
+
+    def privatize(self, clipped_grads, realised_microbatches):
+      """Noises and averages a clipped sum (from any per-example method) and certifies it.
+
+      Returns the list of private average gradients, ready for ``apply``.  If
+      ``loss_scale_factor`` is set the result is multiplied by it, because Keras's ``apply``
+      divides by it; clipping never sees the scale.
+      """
+      grads = self._dp.private_average(clipped_grads, realised_microbatches, self.iterations)
+      scale = self._loss_scale()
+      if scale is not None:
+        grads = [None if g is None else g * tf.cast(scale, g.dtype) for g in grads]
+      return self._dp_certificate.issue(grads)
+
+    def compute_gradients(self, loss, var_list, tape=None):
+      """Private gradients of a vector loss: ``[(grad, var), ...]``.
+
+      Args:
+        loss: float tensor [batch] recorded on ``tape``, or a zero-argument callable returning
+          one (then a tape is opened here).
+        var_list: the variables to train.
+        tape: the ``tf.GradientTape`` that recorded ``loss`` (required for a tensor loss).
+      """
+      var_list = list(var_list)
+      if callable(loss):
+        with tf.GradientTape() as tape:
+          loss = loss()
+      elif tape is None:
+        raise ValueError(
+            f"{type(self).__name__}.compute_gradients needs `tape=` (the GradientTape that "
+            "recorded the vector loss), or pass the loss as a zero-argument callable.")
+      clipped = clipped_sum_from_vector_loss(
+          loss, var_list, self._dp.l2_norm_clip, self._dp.num_microbatches, tape=tape,
+          loss_scale=self._loss_scale())
+      grads = self.privatize(clipped.grads, tf.shape(clipped.losses)[0])
+      return list(zip(grads, var_list))
+
+    def minimize(self, loss, var_list, tape=None):
+      """``compute_gradients`` then ``apply_gradients``; returns ``iterations`` after the step."""
+      grads_and_vars = self.compute_gradients(loss, var_list, tape=tape)
+      self.apply_gradients(grads_and_vars)
+      return self.iterations
+
+    def apply(self, grads, trainable_variables=None):
+      grads = list(grads)
+      self._dp_certificate.check(grads, type(self).__name__)
+      self._dp_certificate.clear()
+      return super().apply(grads, trainable_variables)
+
+  KerasDPOptimizer.__name__ = f"DP{base.__name__}"
+  KerasDPOptimizer.__qualname__ = KerasDPOptimizer.__name__
+  return keras.saving.register_keras_serializable(
+      package="tf_dpkit", name=KerasDPOptimizer.__name__)(KerasDPOptimizer)

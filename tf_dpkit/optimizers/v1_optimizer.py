@@ -1,0 +1,102 @@
+"""DP versions of ``tf.compat.v1.train`` optimizers (graph mode, sessions, and TF2 with a tape).
+
+In a ``tf.compat.v1`` graph the vector loss needs no tape: per-microbatch gradients are the
+rows of the Jacobian built with ``parallel_for``.  Because a graph is run many times, the noise
+step is a counter variable (``dp_noise_step``) incremented by every gradient computation, so each
+``session.run`` draws fresh noise; initialise it with the other variables.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tf_dpkit.clipping import clipped_sum_from_vector_loss
+from tf_dpkit.optimizers.certificate import PrivateGradientCertificate
+from tf_dpkit.optimizers.dp_settings import DPSettings
+
+_V1 = tf.compat.v1
+
+
+def make_v1_dp_class(base):
+  """Builds the DP subclass of the ``tf.compat.v1.train.Optimizer`` subclass ``base``."""
+
+  class V1DPOptimizer(base):
+    __doc__ = f"""Differentially private ``tf.compat.v1.train.{base.__name__}``.
+
+    Args:
+      l2_norm_clip: C > 0; each microbatch gradient is clipped to L2 norm C.
+      noise_multiplier: sigma >= 0; Gaussian noise of std sigma*C is added to the clipped sum.
+      num_microbatches: None (one microbatch per example, default) or M dividing the batch.
+      *args, **kwargs: passed to ``{base.__name__}`` (e.g. learning_rate).
+      seed: optional int key for reproducible noise; default: secret OS entropy.
+      expected_batch_size: for Poisson-sampled batches, normalise by this (needs
+        ``num_microbatches=None``).
+
+    ``minimize(loss=vector_loss)`` works in a v1 graph without a tape; in eager mode or inside
+    ``tf.function`` pass ``tape=`` or a callable loss.
+    """
+
+    _dp_base_class = base
+
+    def __init__(self, l2_norm_clip, noise_multiplier, num_microbatches=None, *args,
+                 seed=None, expected_batch_size=None, **kwargs):
+      self._dp = DPSettings(l2_norm_clip, noise_multiplier, num_microbatches,
+                            expected_batch_size=expected_batch_size, seed=seed)
+      self._dp_certificate = PrivateGradientCertificate()
+      self._dp_noise_step = None
+      super().__init__(*args, **kwargs)
+
+    l2_norm_clip = property(lambda self: self._dp.l2_norm_clip)
+    noise_multiplier = property(lambda self: self._dp.noise_multiplier)
+    num_microbatches = property(lambda self: self._dp.num_microbatches)
+    expected_batch_size = property(lambda self: self._dp.expected_batch_size)
+    dp_settings = property(lambda self: self._dp)
+
+    def _next_noise_step(self):
+      if self._dp_noise_step is None:
+        with tf.init_scope():
+          self._dp_noise_step = tf.Variable(
+              0, dtype=tf.int64, trainable=False, name="dp_noise_step")
+      return self._dp_noise_step.assign_add(1)
+
+    def compute_gradients(self, loss, var_list=None, gate_gradients=base.GATE_OP,
+                          aggregation_method=None, colocate_gradients_with_ops=False,
+                          grad_loss=None, tape=None):
+      """Private ``[(grad, var), ...]`` for a vector loss (see the class docstring)."""
+      del gate_gradients, aggregation_method, colocate_gradients_with_ops
+      if grad_loss is not None:
+        raise ValueError("grad_loss is not supported by DP optimizers (it would bypass clipping).")
+      if callable(loss):
+        if var_list is None:
+          raise ValueError("A callable loss needs an explicit var_list.")
+        with tf.GradientTape() as tape:
+          loss = loss()
+      if var_list is None:
+        var_list = (_V1.trainable_variables() +
+                    _V1.get_collection(_V1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
+      var_list = list(var_list)
+      if not var_list:
+        raise ValueError("No variables to optimize.")
+      clipped = clipped_sum_from_vector_loss(
+          loss, var_list, self._dp.l2_norm_clip, self._dp.num_microbatches, tape=tape)
+      grads = self._dp.private_average(
+          clipped.grads, tf.shape(clipped.losses)[0], self._next_noise_step())
+      self._dp_certificate.issue(grads)
+      return list(zip(grads, var_list))
+
+    def minimize(self, loss, global_step=None, var_list=None, gate_gradients=base.GATE_OP,
+                 aggregation_method=None, colocate_gradients_with_ops=False, name=None,
+                 grad_loss=None, tape=None):
+      """Private ``compute_gradients`` then ``apply_gradients``; returns the train op."""
+      grads_and_vars = self.compute_gradients(
+          loss, var_list=var_list, grad_loss=grad_loss, tape=tape)
+      return self.apply_gradients(grads_and_vars, global_step=global_step, name=name)
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+      grads_and_vars = list(grads_and_vars)
+      self._dp_certificate.check([g for g, _ in grads_and_vars], type(self).__name__)
+      self._dp_certificate.clear()
+      return super().apply_gradients(grads_and_vars, global_step=global_step, name=name)
+
+  V1DPOptimizer.__name__ = f"DP{base.__name__}"
+  V1DPOptimizer.__qualname__ = V1DPOptimizer.__name__
+  return V1DPOptimizer
