@@ -61,5 +61,5 @@ def add_gaussian_noise(tensors, stddev, key: int, step):
     with tf.device(tensor.device if tensor.device else None):
       seed = tf.random.experimental.stateless_fold_in(base_seed, index)
       noise = tf.random.stateless_normal(tf.shape(tensor), seed=seed, dtype=tensor.dtype)
-      noised.append(tensor + tf.cast(stddev, tensor.dtype) * noise)
+      noised.append(tensor + tf.constant(stddev, dtype=tensor.dtype) * noise)
   return noised

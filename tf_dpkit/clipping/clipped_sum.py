@@ -44,7 +44,9 @@ def global_norms(per_microbatch_grads) -> tf.Tensor:
 
 def clip_factors(norms: tf.Tensor, l2_norm_clip) -> tf.Tensor:
   """Returns ``min(1, C / norm)`` per microbatch; a zero norm gets factor 1 (never NaN)."""
-  clip = tf.cast(l2_norm_clip, norms.dtype)
+  # convert_to_tensor keeps a Python float's full precision (tf.cast would round it to float32).
+  clip = (tf.cast(l2_norm_clip, norms.dtype) if isinstance(l2_norm_clip, tf.Tensor)
+          else tf.convert_to_tensor(l2_norm_clip, dtype=norms.dtype))
   return tf.minimum(tf.ones_like(norms), tf.math.divide_no_nan(clip, norms) +
                     tf.cast(tf.equal(norms, 0), norms.dtype))
 

@@ -84,7 +84,7 @@ class DPSettings:
         out.append(None)
         continue
       if self.expected_batch_size is not None:
-        normalizer = tf.cast(self.expected_batch_size, g.dtype)
+        normalizer = tf.constant(self.expected_batch_size, dtype=g.dtype)
       else:
         normalizer = tf.cast(realised_microbatches, g.dtype)
       out.append(g / normalizer)

@@ -76,7 +76,7 @@ def make_keras_dp_class(base):
       grads = self._dp.private_average(clipped_grads, realised_microbatches, self.iterations)
       scale = self._loss_scale()
       if scale is not None:
-        grads = [None if g is None else g * tf.cast(scale, g.dtype) for g in grads]
+        grads = [None if g is None else g * tf.constant(scale, dtype=g.dtype) for g in grads]
       return self._dp_certificate.issue(grads)
 
     def compute_gradients(self, loss, var_list, tape=None):
