@@ -61,6 +61,13 @@ class _DPTrainStep:
     self._dp_per_example_loss = _per_example_loss_fn(loss)
     super().compile(optimizer=optimizer, loss=loss, **kwargs)
 
+  def compile_from_config(self, config):
+    """Re-compiles a loaded ``.keras`` model with its saved DP optimizer and loss."""
+    config = keras.saving.deserialize_keras_object(config)
+    self.compile(**config)
+    if self.built:
+      self.optimizer.build(self.trainable_variables)
+
   def _check_no_activity_regularizers(self):
     for layer in self._flatten_layers():
       if getattr(layer, "activity_regularizer", None) is not None:

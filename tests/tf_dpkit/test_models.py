@@ -1,0 +1,165 @@
+"""Private model.fit: DPSequential / DPModel against non-private and NumPy references."""
+import numpy as np
+import pytest
+import keras
+import tensorflow as tf
+
+import tf_dpkit
+
+RNG = np.random.default_rng(2)
+X = RNG.normal(size=(16, 3)).astype(np.float32)
+Y = RNG.integers(0, 2, size=16)
+
+
+def _layers():
+  return [keras.Input((3,)), keras.layers.Dense(4, activation="tanh", name="hidden"),
+          keras.layers.Dense(2, name="out")]
+
+
+def _twin_models(dp_cls=tf_dpkit.DPSequential):
+  plain = keras.Sequential(_layers())
+  private = dp_cls(_layers())
+  private.set_weights(plain.get_weights())
+  return plain, private
+
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 2])
+def test_fit_without_noise_or_clipping_equals_keras_fit(steps_per_execution):
+  plain, private = _twin_models()
+  plain.compile(keras.optimizers.SGD(0.1), loss=LOSS, steps_per_execution=steps_per_execution)
+  private.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1e9, 0.0, learning_rate=0.1, seed=0),
+                  loss=LOSS, steps_per_execution=steps_per_execution)
+  h_plain = plain.fit(X, Y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+  h_private = private.fit(X, Y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+  for a, b in zip(plain.get_weights(), private.get_weights()):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(h_plain.history["loss"], h_private.history["loss"], rtol=1e-5)
+
+
+def _per_example_grads(model, x, y):
+  grads = []
+  for i in range(len(x)):
+    with tf.GradientTape() as tape:
+      loss = LOSS(y[i:i + 1], model(x[i:i + 1]))
+    grads.append([g.numpy() for g in tape.gradient(loss, model.trainable_variables)])
+  return grads
+
+
+@pytest.mark.parametrize("num_microbatches", [None, 4])
+def test_one_fit_step_matches_explicit_clipping_reference(num_microbatches):
+  _, private = _twin_models()
+  before = [w.numpy() for w in private.trainable_variables]
+  per_example = _per_example_grads(private, X[:8], Y[:8])
+  clip = 0.05
+  private.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(clip, 0.0, num_microbatches,
+                                                              learning_rate=1.0, seed=0), loss=LOSS)
+  private.fit(X[:8], Y[:8], batch_size=8, epochs=1, shuffle=False, verbose=0)
+  m = 8 if num_microbatches is None else num_microbatches
+  k = 8 // m
+  total = [np.zeros_like(b) for b in before]
+  for j in range(m):
+    group = [np.mean([per_example[i][v] for i in range(j * k, (j + 1) * k)], axis=0)
+             for v in range(len(before))]
+    norm = np.sqrt(sum(np.sum(g ** 2) for g in group))
+    for v, g in enumerate(group):
+      total[v] += g * min(1.0, clip / norm)
+  for b, t, w in zip(before, total, private.trainable_variables):
+    np.testing.assert_allclose(w.numpy(), b - t / m, rtol=1e-4, atol=1e-6)
+
+
+def test_sample_weight_zero_removes_an_example():
+  _, a = _twin_models()
+  _, b = _twin_models()
+  b.set_weights(a.get_weights())
+  for model in (a, b):
+    model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(0.1, 0.0, learning_rate=1.0,
+                                                              expected_batch_size=4.0, seed=0),
+                  loss=LOSS)
+  weights = np.array([1, 1, 1, 0], np.float32)
+  a.fit(X[:4], Y[:4], sample_weight=weights, batch_size=4, verbose=0, shuffle=False)
+  b.fit(X[:3], Y[:3], batch_size=3, verbose=0, shuffle=False)
+  for wa, wb in zip(a.get_weights(), b.get_weights()):
+    np.testing.assert_allclose(wa, wb, rtol=1e-5, atol=1e-7)
+
+
+def test_regularization_is_added_after_clipping():
+  reg = 0.5
+  layers = [keras.Input((3,)), keras.layers.Dense(2, kernel_regularizer=keras.regularizers.L2(reg))]
+  model = tf_dpkit.DPSequential(layers)
+  kernel0 = model.layers[0].kernel.numpy().copy()
+  bias0 = model.layers[0].bias.numpy().copy()
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1e-6, 0.0, learning_rate=1.0, seed=0),
+                loss=LOSS)
+  model.fit(X[:4], Y[:4], batch_size=4, verbose=0, shuffle=False)
+  # Clipped data gradients are at most 1e-6 in norm; the L2 gradient 2*reg*W passes unclipped.
+  np.testing.assert_allclose(model.layers[0].kernel.numpy(), kernel0 - 2 * reg * kernel0, atol=1e-5)
+  np.testing.assert_allclose(model.layers[0].bias.numpy(), bias0, atol=1e-5)
+
+
+def test_functional_dp_model_metrics_validation_and_callbacks():
+  inputs = keras.Input((3,))
+  outputs = keras.layers.Dense(2)(keras.layers.Dense(8, activation="relu")(inputs))
+  model = tf_dpkit.DPModel(inputs, outputs)
+  model.compile(tf_dpkit.DPAdamGaussianOptimizer(1.0, 0.5, learning_rate=0.01, seed=1), loss=LOSS,
+                metrics=["accuracy"])
+  seen = []
+  callback = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(logs))
+  history = model.fit(X, Y, batch_size=4, epochs=2, validation_data=(X, Y), callbacks=[callback],
+                      verbose=0)
+  assert set(history.history) >= {"loss", "accuracy", "val_loss", "val_accuracy"}
+  assert len(seen) == 2 and np.isfinite(history.history["loss"]).all()
+
+
+def test_keras_save_and_load_round_trip(tmp_path):
+  _, model = _twin_models()
+  model.compile(tf_dpkit.DPAdamGaussianOptimizer(1.2, 0.9, 4, learning_rate=0.01), loss=LOSS)
+  model.fit(X, Y, batch_size=8, verbose=0)
+  path = str(tmp_path / "model.keras")
+  model.save(path)
+  loaded = keras.saving.load_model(path)
+  assert type(loaded) is tf_dpkit.DPSequential
+  assert type(loaded.optimizer) is tf_dpkit.DPAdamGaussianOptimizer
+  assert (loaded.optimizer.l2_norm_clip, loaded.optimizer.noise_multiplier,
+          loaded.optimizer.num_microbatches) == (1.2, 0.9, 4)
+  np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0), rtol=1e-6)
+  loaded.fit(X, Y, batch_size=8, verbose=0)  # training continues privately
+
+
+def test_plain_model_with_dp_optimizer_refuses_to_fit():
+  model = keras.Sequential(_layers())
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0, learning_rate=0.1), loss=LOSS)
+  with pytest.raises(ValueError, match="WITHOUT privacy.*DPSequential"):
+    model.fit(X, Y, batch_size=8, verbose=0)
+
+
+def test_dp_model_refuses_non_dp_optimizer_and_multiple_losses():
+  model = tf_dpkit.DPSequential(_layers())
+  with pytest.raises(TypeError, match="needs a tf_dpkit DP optimizer"):
+    model.compile(keras.optimizers.SGD(0.1), loss=LOSS)
+  with pytest.raises(ValueError, match="single loss"):
+    model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0), loss=[LOSS, LOSS])
+  with pytest.raises(ValueError, match="need `loss=`"):
+    model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0))
+
+
+def test_activity_regularizer_is_refused():
+  model = tf_dpkit.DPSequential([keras.Input((3,)), keras.layers.Dense(2, activity_regularizer="l2")])
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0), loss=LOSS)
+  with pytest.raises(ValueError, match="activity_regularizer"):
+    model.fit(X, Y, verbose=0)
+
+
+def test_indivisible_last_batch_names_the_fix():
+  model = tf_dpkit.DPSequential(_layers())
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0, 4), loss=LOSS)
+  with pytest.raises(Exception, match="drop_remainder=True"):
+    model.fit(X[:10], Y[:10], batch_size=8, verbose=0)
+
+
+def test_make_dp_model_class_validates_and_caches():
+  assert tf_dpkit.make_dp_model_class(keras.Sequential) is tf_dpkit.DPSequential
+  with pytest.raises(TypeError, match="subclass of keras.Model"):
+    tf_dpkit.make_dp_model_class(dict)
