@@ -1,0 +1,271 @@
+"""The privacy budget during training: an accountant that records what training did, a Keras
+callback that reports (and enforces) epsilon, and "train to a budget" noise calibration.
+
+The accountant delegates every number to the top-level ``analysis`` package; it only keeps the
+record of phases ``(sampling probability q, noise multiplier sigma, steps, sampling,
+microbatch size)``.  How each phase is accounted:
+
+* ``sampling="poisson"`` (``tf_dpkit.data.poisson_batches``): the Poisson-subsampled Gaussian
+  mechanism with rate q, composed ``steps`` times (RDP or PLD).
+* ``sampling="shuffle"`` (shuffle-and-batch, each example once per epoch): no amplification by
+  sampling is claimed.  An example sits in exactly one batch per epoch, so the phase is
+  accounted as the plain Gaussian mechanism (q = 1) composed once per epoch started,
+  ``ceil(steps / steps_per_epoch)`` times.  This is the epsilon that holds for it.
+* microbatches of more than one example: under add-or-remove adjacency a microbatch mean
+  changes by up to the clip when one example joins, and the clipped-sum analysis needs twice
+  the clip as sensitivity, so the phase is accounted with noise multiplier ``sigma / 2``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+
+import keras
+
+from analysis import rdp_accountant
+
+SAMPLINGS = ("poisson", "shuffle")
+ACCOUNTANTS = ("rdp", "pld")
+
+
+@dataclasses.dataclass
+class Phase:
+  """A run of identical DP-SGD steps."""
+  sampling_probability: float
+  noise_multiplier: float
+  steps: int
+  sampling: str = "poisson"
+  microbatch_size: int = 1
+  steps_per_epoch: int | None = None
+
+  def mechanism(self):
+    """Returns ``(q, sigma, compositions)`` of the mechanism this phase is accounted as."""
+    sigma = self.noise_multiplier / 2 if self.microbatch_size > 1 else self.noise_multiplier
+    if self.sampling == "shuffle":
+      return 1.0, sigma, math.ceil(self.steps / self.steps_per_epoch)
+    return self.sampling_probability, sigma, self.steps
+
+  def same_kind(self, other) -> bool:
+    return (self.sampling_probability, self.noise_multiplier, self.sampling,
+            self.microbatch_size, self.steps_per_epoch) == (
+                other.sampling_probability, other.noise_multiplier, other.sampling,
+                other.microbatch_size, other.steps_per_epoch)
+
+
+def _check_choice(name, value, allowed):
+  if value not in allowed:
+    raise ValueError(f"{name} must be one of {allowed}, got {value!r}.")
+
+
+class PrivacyAccountant:
+  """Records DP-SGD steps and reports (epsilon, delta).
+
+  Args:
+    delta: target delta in (0, 1) for :meth:`epsilon`.
+    accountant: ``"rdp"`` (Renyi DP, optimal order searched over the reals) or ``"pld"``
+      (privacy loss distributions: tighter, slower).
+  """
+
+  def __init__(self, delta: float, accountant: str = "rdp"):
+    if not 0 < delta < 1:
+      raise ValueError(f"delta must be in (0, 1), got {delta!r}.")
+    _check_choice("accountant", accountant, ACCOUNTANTS)
+    self.delta = float(delta)
+    self.accountant = accountant
+    self.phases: list[Phase] = []
+
+  @property
+  def steps(self) -> int:
+    """Total number of recorded steps."""
+    return sum(p.steps for p in self.phases)
+
+  def record(self, sampling_probability, noise_multiplier, steps=1, *, sampling="poisson",
+             microbatch_size=1, steps_per_epoch=None):
+    """Records ``steps`` DP-SGD steps with the given settings (merged into the last phase if equal).
+
+    Args:
+      sampling_probability: q in (0, 1], the rate at which each example joins a batch
+        (expected batch size / dataset size).
+      noise_multiplier: sigma >= 0 (noise std / clip norm).
+      steps: integer >= 0.
+      sampling: ``"poisson"`` or ``"shuffle"`` (see the module docstring).
+      microbatch_size: examples per microbatch (>= 1).
+      steps_per_epoch: required for ``"shuffle"``: batches per pass over the data.
+    """
+    if not 0 < sampling_probability <= 1:
+      raise ValueError(f"sampling_probability must be in (0, 1], got {sampling_probability!r}.")
+    if not noise_multiplier >= 0:
+      raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier!r}.")
+    if int(steps) != steps or steps < 0:
+      raise ValueError(f"steps must be an integer >= 0, got {steps!r}.")
+    _check_choice("sampling", sampling, SAMPLINGS)
+    if int(microbatch_size) != microbatch_size or microbatch_size < 1:
+      raise ValueError(f"microbatch_size must be an integer >= 1, got {microbatch_size!r}.")
+    if sampling == "shuffle" and (steps_per_epoch is None or steps_per_epoch < 1):
+      raise ValueError("sampling='shuffle' needs steps_per_epoch (an integer >= 1).")
+    phase = Phase(float(sampling_probability), float(noise_multiplier), int(steps), sampling,
+                  int(microbatch_size), None if steps_per_epoch is None else int(steps_per_epoch))
+    if self.phases and self.phases[-1].same_kind(phase):
+      self.phases[-1].steps += phase.steps
+    elif phase.steps:
+      self.phases.append(phase)
+
+  def epsilon(self, delta: float | None = None, extra: Phase | None = None) -> float:
+    """Epsilon at ``delta`` (default: the accountant's) for the recorded steps.
+
+    ``extra`` is an optional phase of future steps to include (a what-if for budget checks).
+    """
+    delta = self.delta if delta is None else delta
+    phases = self.phases + ([extra] if extra is not None else [])
+    mechanisms = [p.mechanism() for p in phases if p.steps]
+    if not mechanisms:
+      return 0.0
+    qs, sigmas, counts = (list(column) for column in zip(*mechanisms))
+    if self.accountant == "pld":
+      from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
+      return float(pld_accountant.compute_epsilon_heterogeneous(qs, sigmas, counts, delta))
+    orders = rdp_accountant.DEFAULT_ORDERS
+    rdp = rdp_accountant.compute_heterogeneous_rdp(qs, sigmas, counts, orders)
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      eps, _, _ = rdp_accountant.get_privacy_spent(orders, rdp, target_delta=delta)
+    return float(eps)
+
+  def state_dict(self) -> dict:
+    """A JSON-serialisable snapshot (store it beside a checkpoint)."""
+    return {"delta": self.delta, "accountant": self.accountant,
+            "phases": [dataclasses.asdict(p) for p in self.phases]}
+
+  def load_state_dict(self, state: dict) -> None:
+    """Restores a snapshot from :meth:`state_dict` (a resumed run continues from there)."""
+    self.delta = float(state["delta"])
+    self.accountant = state["accountant"]
+    self.phases = [Phase(**p) for p in state["phases"]]
+
+  @classmethod
+  def from_state_dict(cls, state: dict) -> "PrivacyAccountant":
+    accountant = cls(state["delta"], state["accountant"])
+    accountant.load_state_dict(state)
+    return accountant
+
+
+class PrivacyBudget(keras.callbacks.Callback):
+  """Keras callback: logs ``epsilon`` each epoch and stops before a step would exceed a target.
+
+  Steps are counted from the optimizer's ``iterations`` (so ``steps_per_execution`` is handled);
+  the noise multiplier and ``num_microbatches`` come from the DP optimizer; the sampling
+  probability is given here because it is a property of the input pipeline.
+
+  Args:
+    sampling_probability: q = expected batch size / dataset size, in (0, 1].
+    delta: delta in (0, 1) at which epsilon is reported.
+    target_epsilon: optional budget > 0; training stops before the step that would exceed it.
+    sampling: ``"poisson"`` or ``"shuffle"`` (then ``steps_per_epoch`` is required).
+    steps_per_epoch: batches per epoch, for ``"shuffle"``.
+    batch_size: needed only when the optimizer has ``num_microbatches`` (to know the
+      microbatch size).
+    accountant: ``"rdp"``/``"pld"``, or a :class:`PrivacyAccountant` to continue (resumed runs).
+    verbose: print a line when the budget stops training.
+  """
+
+  def __init__(self, sampling_probability, delta=1e-5, target_epsilon=None, *,
+               sampling="poisson", steps_per_epoch=None, batch_size=None, accountant="rdp",
+               verbose=True):
+    super().__init__()
+    if target_epsilon is not None and not target_epsilon > 0:
+      raise ValueError(f"target_epsilon must be > 0, got {target_epsilon!r}.")
+    self.accountant = (accountant if isinstance(accountant, PrivacyAccountant)
+                       else PrivacyAccountant(delta, accountant))
+    self.sampling_probability = sampling_probability
+    self.target_epsilon = target_epsilon
+    self.sampling = sampling
+    self.steps_per_epoch = steps_per_epoch
+    self.batch_size = batch_size
+    self.verbose = verbose
+    self.stopped_at_step = None
+    self._seen_iterations = 0
+    self._max_steps = None
+    PrivacyAccountant(0.5).record(sampling_probability, 1.0, 0, sampling=sampling,
+                                  steps_per_epoch=steps_per_epoch)  # validates now
+
+  def _current_phase(self, steps):
+    optimizer = self.model.optimizer
+    microbatch_size = 1
+    if optimizer.num_microbatches is not None:
+      if self.batch_size is None:
+        raise ValueError("PrivacyBudget needs batch_size= when the optimizer has num_microbatches.")
+      microbatch_size = max(1, self.batch_size // optimizer.num_microbatches)
+    return Phase(float(self.sampling_probability), float(optimizer.noise_multiplier), steps,
+                 self.sampling, microbatch_size, self.steps_per_epoch)
+
+  def _record_new_steps(self):
+    now = int(self.model.optimizer.iterations.numpy())
+    if now > self._seen_iterations:
+      phase = self._current_phase(now - self._seen_iterations)
+      self.accountant.record(phase.sampling_probability, phase.noise_multiplier, phase.steps,
+                             sampling=phase.sampling, microbatch_size=phase.microbatch_size,
+                             steps_per_epoch=phase.steps_per_epoch)
+    self._seen_iterations = now
+
+  def _largest_affordable_total(self):
+    """Largest total step count whose epsilon stays within the target (doubling + bisection)."""
+    def fits(extra_steps):
+      extra = self._current_phase(extra_steps)
+      return self.accountant.epsilon(extra=extra) <= self.target_epsilon
+    if not fits(0):
+      return self.accountant.steps
+    low, high = 0, 1
+    while fits(high):
+      low, high = high, high * 2
+      if high > 2**40:
+        return None  # never exceeded (e.g. infinite noise)
+    while high - low > 1:
+      mid = (low + high) // 2
+      low, high = (mid, high) if fits(mid) else (low, mid)
+    return self.accountant.steps + low
+
+  def on_train_begin(self, logs=None):
+    if not hasattr(self.model.optimizer, "noise_multiplier"):
+      raise TypeError("PrivacyBudget needs a model compiled with a tf_dpkit DP optimizer.")
+    self._seen_iterations = int(self.model.optimizer.iterations.numpy())
+    if self.target_epsilon is not None:
+      # The settings are fixed during fit, so the budget becomes a step count, computed once.
+      self._max_steps = self._largest_affordable_total()
+      if self._max_steps is not None and self._max_steps <= self.accountant.steps:
+        raise ValueError(
+            f"target_epsilon={self.target_epsilon} does not allow even one more step at "
+            f"delta={self.accountant.delta} (epsilon so far {self.accountant.epsilon():.4f}); "
+            "raise the target or the noise multiplier.")
+
+  def _stop_if_next_exceeds(self, steps_ahead):
+    if self._max_steps is None or self.model.stop_training:
+      return
+    if self.accountant.steps + steps_ahead > self._max_steps:
+      self.model.stop_training = True
+      self.stopped_at_step = self.accountant.steps
+      if self.verbose:
+        print(f"\nPrivacyBudget: stopping after {self.accountant.steps} steps: the next step "
+              f"would exceed target_epsilon={self.target_epsilon} at delta={self.accountant.delta} "
+              f"(epsilon now {self.accountant.epsilon():.4f}).")
+
+  def on_train_batch_end(self, batch, logs=None):
+    self._record_new_steps()
+    self._stop_if_next_exceeds(int(getattr(self.model, "steps_per_execution", 1) or 1))
+
+  def on_epoch_end(self, epoch, logs=None):
+    self._record_new_steps()
+    if logs is not None:
+      logs["epsilon"] = self.accountant.epsilon()
+
+
+def noise_multiplier_for_budget(target_epsilon, delta, dataset_size, batch_size, epochs, *,
+                                accountant="rdp"):
+  """Train to a budget: the smallest noise multiplier meeting ``(target_epsilon, delta)``.
+
+  Poisson sampling with q = batch_size / dataset_size for ``ceil(epochs * dataset_size /
+  batch_size)`` steps; delegates to ``analysis.calibration``.
+  """
+  from analysis import calibration  # pylint: disable=g-import-not-at-top
+  return calibration.compute_noise_multiplier_for_training(
+      target_epsilon, delta, dataset_size, batch_size, epochs, accountant=accountant)
