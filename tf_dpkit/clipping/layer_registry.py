@@ -1,0 +1,211 @@
+"""Per-layer rules for fast per-example gradient norms (ghost clipping / book-keeping).
+
+A rule tells the fast path how to run one layer so that its per-microbatch weight-gradient
+norms come from quantities the ordinary backward pass already has:
+
+    rule(layer, inputs) -> LayerTrace(outputs, watched, squared_norms)
+
+* ``outputs``: the layer's output (what the next layer consumes), computed with the layer's own
+  variables inside the caller's ``GradientTape``;
+* ``watched``: the tensor ``z`` (usually the pre-activation) that depends on the layer's
+  trainable variables directly; the caller obtains ``g = dL_i/dz`` for every example from one
+  backward pass of the summed loss;
+* ``squared_norms(g, num_groups) -> [M]``: the squared L2 norms of the per-microbatch gradients
+  of the layer's trainable variables, where microbatch ``j`` holds examples ``j*k..(j+1)*k-1``
+  (``k = B / M``) and ``g`` already carries each example's weight (``1/k`` for a mean).
+
+The clipped sum itself is one vector-Jacobian product per layer, ``dz/dW^T (c * g)`` with the
+clip factors ``c`` (see ``fast_path``), so rules only provide norms.
+
+Linear maps ``z_s = a_s W`` summed over positions ``s`` (Dense on sequences, convolutions
+after unfolding) have per-microbatch gradient ``A^T G``; its squared norm is computed either
+explicitly (cost ``M S d p``) or with the Gram form ``sum((A A^T) * (G G^T))`` (cost
+``M S^2 (d + p)``), whichever is cheaper for the static shapes.
+
+Register your own layer with :func:`register_layer_rule`, and check it with
+``tf_dpkit.clipping.testing.check_layer_rule``.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import keras
+import tensorflow as tf
+
+
+class LayerTrace(NamedTuple):
+  """What a rule returns for one layer call (see the module docstring)."""
+  outputs: tf.Tensor
+  watched: tf.Tensor
+  squared_norms: Callable[[tf.Tensor, int], tf.Tensor]
+
+
+_RULES: dict[type, Callable] = {}
+
+
+def register_layer_rule(layer_class: type, rule: Callable) -> None:
+  """Registers ``rule(layer, inputs) -> LayerTrace`` for instances of ``layer_class``.
+
+  The most specific registered class in the layer's MRO wins, so a subclass can override a
+  rule of its base.  A rule may return ``None`` to decline a particular configuration (the fast
+  path then falls back to a layer-local ``tf.vectorized_map``).
+  """
+  if not (isinstance(layer_class, type) and issubclass(layer_class, keras.layers.Layer)):
+    raise TypeError(f"layer_class must be a keras.layers.Layer subclass, got {layer_class!r}.")
+  if not callable(rule):
+    raise TypeError(f"rule must be callable, got {rule!r}.")
+  _RULES[layer_class] = rule
+
+
+def lookup_rule(layer) -> Callable | None:
+  """Returns the rule registered for ``type(layer)`` or its nearest base class, else None."""
+  for cls in type(layer).__mro__:
+    if cls in _RULES:
+      return _RULES[cls]
+  return None
+
+
+def group_examples(tensor, num_groups):
+  """[B, S, ...] -> [M, (B/M) S, ...]: a microbatch becomes one long "example"."""
+  shape = tf.shape(tensor)
+  return tf.reshape(tensor, tf.concat([[num_groups, -1], shape[2:]], 0))
+
+
+def _static(dim):
+  return tf.compat.dimension_value(dim)
+
+
+def linear_squared_norms(a, g, num_groups, with_bias):
+  """Squared norms of per-microbatch ``A^T G`` (+ bias ``sum_s G``), A [B,S,d], G [B,S,p]."""
+  a = group_examples(a, num_groups)
+  g = group_examples(g, num_groups)
+  s, d, p = _static(a.shape[1]), _static(a.shape[2]), _static(g.shape[2])
+  use_gram = s is not None and d is not None and p is not None and s * s * (d + p) < s * d * p
+  if use_gram:
+    norms = tf.reduce_sum(tf.matmul(a, a, transpose_b=True) * tf.matmul(g, g, transpose_b=True),
+                          axis=[1, 2])
+  else:
+    norms = tf.reduce_sum(tf.square(tf.matmul(a, g, transpose_a=True)), axis=[1, 2])
+  if with_bias:
+    norms += tf.reduce_sum(tf.square(tf.reduce_sum(g, axis=1)), axis=1)
+  return norms
+
+
+def _as_sequence(t):
+  """[B, ..., d] -> [B, S, d] (S = product of the middle dims, 1 for 2-D)."""
+  shape = tf.shape(t)
+  return tf.reshape(t, tf.stack([shape[0], -1, shape[-1]]))
+
+
+def _propagate_mask(inputs, outputs):
+  mask = getattr(inputs, "_keras_mask", None)
+  if mask is not None:
+    try:
+      outputs._keras_mask = mask  # pylint: disable=protected-access
+    except AttributeError:
+      pass
+  return outputs
+
+
+def dense_rule(layer, inputs):
+  """``keras.layers.Dense`` on inputs of any rank (last axis contracted)."""
+  if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
+    return None
+  kernel = layer.kernel
+  z = tf.tensordot(inputs, kernel, axes=[[inputs.shape.rank - 1], [0]])
+  if layer.use_bias:
+    z = z + layer.bias
+  outputs = _propagate_mask(inputs, layer.activation(z) if layer.activation else z)
+
+  def squared_norms(g, num_groups):
+    return linear_squared_norms(_as_sequence(inputs), _as_sequence(g), num_groups, layer.use_bias)
+  return LayerTrace(outputs, z, squared_norms)
+
+
+def _identity_kernel(kernel_size, channels, dtype):
+  """Conv kernel whose output channel (i, j, c) copies input (i, j, c): unfolds patches."""
+  size = 1
+  for k in kernel_size:
+    size *= k
+  eye = tf.eye(size * channels, dtype=dtype)
+  return tf.reshape(eye, list(kernel_size) + [channels, size * channels])
+
+
+def conv_rule(layer, inputs):
+  """``Conv1D`` / ``Conv2D`` (channels_last, groups=1, padding same/valid)."""
+  rank = layer.rank
+  if (layer.data_format != "channels_last" or layer.groups != 1 or
+      layer.padding not in ("same", "valid") or rank not in (1, 2)):
+    return None
+  x = inputs if rank == 2 else tf.expand_dims(inputs, 1)
+  kernel = layer.kernel if rank == 2 else tf.expand_dims(layer.kernel, 0)
+  strides = list(layer.strides) if rank == 2 else [1] + list(layer.strides)
+  dilations = list(layer.dilation_rate) if rank == 2 else [1] + list(layer.dilation_rate)
+  padding = layer.padding.upper()
+  z = tf.nn.conv2d(x, kernel, strides=strides, padding=padding, dilations=dilations)
+  if layer.use_bias:
+    z = z + layer.bias
+  outputs = layer.activation(z) if layer.activation else z
+  if rank == 1:
+    outputs = tf.squeeze(outputs, 1)
+
+  def squared_norms(g, num_groups):
+    kernel_hw = kernel.shape[:2]
+    channels = _static(x.shape[-1])
+    patches = tf.nn.conv2d(x, _identity_kernel(kernel_hw, channels, x.dtype), strides=strides,
+                           padding=padding, dilations=dilations)
+    return linear_squared_norms(_as_sequence(patches), _as_sequence(g), num_groups,
+                                layer.use_bias)
+  return LayerTrace(outputs, z, squared_norms)
+
+
+def embedding_rule(layer, inputs):
+  """``keras.layers.Embedding``: rows gathered by token; norms from token-equality x Gram."""
+  if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
+    return None
+  ids = tf.cast(inputs, tf.int32)
+  z = tf.gather(layer.embeddings, ids)
+  outputs = z
+  if layer.mask_zero:
+    outputs._keras_mask = tf.not_equal(ids, 0)  # pylint: disable=protected-access
+
+  def squared_norms(g, num_groups):
+    tokens = group_examples(tf.reshape(ids, [tf.shape(ids)[0], -1, 1]), num_groups)[..., 0]
+    grads = group_examples(_as_sequence(g), num_groups)
+    same = tf.cast(tf.equal(tokens[:, :, None], tokens[:, None, :]), g.dtype)
+    return tf.reduce_sum(same * tf.matmul(grads, grads, transpose_b=True), axis=[1, 2])
+  return LayerTrace(outputs, z, squared_norms)
+
+
+def layer_normalization_rule(layer, inputs):
+  """``keras.layers.LayerNormalization`` over the last axis (gamma and beta are diagonal)."""
+  axis = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
+  rank = inputs.shape.rank
+  if [a % rank for a in axis] != [rank - 1] or getattr(layer, "rms_scaling", False):
+    return None
+  mean, variance = tf.nn.moments(inputs, axes=[rank - 1], keepdims=True)
+  normalized = (inputs - mean) * tf.math.rsqrt(variance + layer.epsilon)
+  z = normalized
+  if layer.scale:
+    z = z * layer.gamma
+  if layer.center:
+    z = z + layer.beta
+  outputs = _propagate_mask(inputs, z)
+
+  def squared_norms(g, num_groups):
+    total = 0.0
+    g_seq = group_examples(_as_sequence(g), num_groups)
+    if layer.scale:
+      xhat = group_examples(_as_sequence(normalized), num_groups)
+      total += tf.reduce_sum(tf.square(tf.reduce_sum(g_seq * xhat, axis=1)), axis=1)
+    if layer.center:
+      total += tf.reduce_sum(tf.square(tf.reduce_sum(g_seq, axis=1)), axis=1)
+    return total
+  return LayerTrace(outputs, z, squared_norms)
+
+
+register_layer_rule(keras.layers.Dense, dense_rule)
+register_layer_rule(keras.layers.Conv1D, conv_rule)
+register_layer_rule(keras.layers.Conv2D, conv_rule)
+register_layer_rule(keras.layers.Embedding, embedding_rule)
+register_layer_rule(keras.layers.LayerNormalization, layer_normalization_rule)
