@@ -73,3 +73,31 @@ def check_count(name: str, value, *, minimum: int = 0) -> int:
   if result < minimum:
     raise ValueError(f"{name} must be an integer >= {minimum}, got {_describe(value)}.")
   return result
+
+
+def check_finite_positive(name: str, value) -> float:
+  """Returns ``value`` as float; requires it in (0, inf) and finite."""
+  value = check_positive(name, value)
+  if math.isinf(value):
+    raise ValueError(f"{name} must be finite and > 0, got {_describe(value)}.")
+  return value
+
+
+def check_same_length(**sequences) -> int:
+  """Returns the common length of the named sequences (list, tuple or 1-D array).
+
+  Raises ``ValueError`` naming the argument if one is not such a sequence, or naming all of
+  them with their lengths if the lengths differ.
+  """
+  lengths = {}
+  for name, seq in sequences.items():
+    if isinstance(seq, np.ndarray):
+      if seq.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D sequence, got an array of shape {seq.shape}.")
+    elif isinstance(seq, (str, bytes)) or not isinstance(seq, (list, tuple)):
+      raise ValueError(f"{name} must be a list, tuple or 1-D array, got {_describe(seq)}.")
+    lengths[name] = len(seq)
+  if len(set(lengths.values())) > 1:
+    described = ", ".join(f"{name} has {n}" for name, n in lengths.items())
+    raise ValueError(f"Sequences must have the same length: {described}.")
+  return next(iter(lengths.values()), 0)
