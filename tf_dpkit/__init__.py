@@ -11,6 +11,7 @@ Privacy accounting lives in the top-level ``analysis`` package.
 """
 from tf_dpkit import v1
 from tf_dpkit.models import DPModel, DPSequential, make_dp_model_class
+from tf_dpkit.model_gradients import private_gradients
 from tf_dpkit.optimizers import (
     DPAdagradGaussianOptimizer,
     DPAdamGaussianOptimizer,
@@ -24,7 +25,7 @@ from tf_dpkit.optimizers import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "v1", "DPModel", "DPSequential", "make_dp_model_class", "make_gaussian_optimizer_class",
+    "v1", "private_gradients", "DPModel", "DPSequential", "make_dp_model_class", "make_gaussian_optimizer_class",
     "is_dp_optimizer", "DPGradientDescentGaussianOptimizer", "DPAdamGaussianOptimizer",
     "DPAdamWGaussianOptimizer", "DPAdagradGaussianOptimizer", "DPRMSPropGaussianOptimizer",
 ]

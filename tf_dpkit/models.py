@@ -7,7 +7,9 @@ cannot make ``fit`` private.  ``make_dp_model_class(Base)`` returns a subclass o
 1. evaluates the compiled loss per example (the loss passed to ``compile`` is used
    *unreduced*: you may pass it with any reduction, the per-example values are taken from
    ``Loss.call`` / the loss function, and ``sample_weight`` multiplies them),
-2. gets each microbatch's gradient with ``tf.vectorized_map`` over microbatches,
+2. gets the clipped sum of microbatch gradients with the fast per-layer path (functional and
+   Sequential models) or ``tf.vectorized_map`` over microbatches (any model); see
+   ``tf_dpkit.private_gradients`` and the ``per_example_method`` attribute,
 3. clips, sums, noises and averages with the DP optimizer's settings (the optimizer is the
    single source of truth: ``l2_norm_clip``, ``noise_multiplier``, ``num_microbatches``),
 4. adds the gradient of the data-independent weight regularisers *after* clipping,
@@ -24,8 +26,8 @@ import functools
 import keras
 import tensorflow as tf
 
-from tf_dpkit.clipping import clipped_sum_vectorized
 from tf_dpkit.optimizers import is_dp_optimizer
+from tf_dpkit.model_gradients import clipped_sum_for_model
 
 
 def _per_example_loss_fn(loss):
@@ -75,27 +77,18 @@ class _DPTrainStep:
             f"Layer {layer.name!r} has an activity_regularizer: that loss depends on the data "
             "and is not clipped per example, so DP models refuse it.")
 
+  # How per-microbatch gradients are computed: "auto" (fast per-layer path when the model is a
+  # layer graph, else whole-model vectorized_map), "fast" or "vectorized".  Not a DP setting.
+  per_example_method = "auto"
+
   def train_step(self, data):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     optimizer = self.optimizer
     variables = self.trainable_variables
     self._check_no_activity_regularizers()
-    batch = tf.shape(tf.nest.flatten(x)[0])[0]
-    if sample_weight is None:
-      sample_weight = tf.ones([batch], dtype=tf.float32)
-    loss_fn = self._dp_per_example_loss
-
-    def microbatch_loss(inputs):
-      x_mb, y_mb, w_mb = inputs
-      y_pred = self(x_mb, training=True)
-      per_example = loss_fn(y_mb, y_pred)
-      per_example = tf.reshape(per_example, [tf.shape(w_mb)[0], -1])
-      per_example = tf.reduce_mean(per_example, axis=1) * tf.cast(w_mb, per_example.dtype)
-      return per_example, y_pred
-
-    clipped, y_pred = clipped_sum_vectorized(
-        microbatch_loss, (x, y, sample_weight), variables, optimizer.l2_norm_clip,
-        optimizer.num_microbatches)
+    clipped, y_pred = clipped_sum_for_model(
+        self, self._dp_per_example_loss, x, y, sample_weight, optimizer.l2_norm_clip,
+        optimizer.num_microbatches, self.per_example_method)
     grads = optimizer.privatize(clipped.grads, tf.shape(clipped.losses)[0])
     mean_loss = tf.reduce_mean(clipped.losses)
     with tf.GradientTape() as tape:
@@ -106,6 +99,7 @@ class _DPTrainStep:
           [g if r is None else g + tf.cast(r, g.dtype) for g, r in zip(grads, reg_grads)])
       mean_loss = mean_loss + regularization
     optimizer.apply(grads, variables)
+    batch = tf.shape(tf.nest.flatten(x)[0])[0]
     self._loss_tracker.update_state(mean_loss, sample_weight=batch)
     return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 

@@ -5,6 +5,7 @@ import keras
 import tensorflow as tf
 
 import tf_dpkit
+from tf_dpkit.model_gradients import resolve_method
 
 RNG = np.random.default_rng(2)
 X = RNG.normal(size=(16, 3)).astype(np.float32)
@@ -26,9 +27,14 @@ def _twin_models(dp_cls=tf_dpkit.DPSequential):
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+METHODS = ["fast", "vectorized"]
+
+
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("steps_per_execution", [1, 2])
-def test_fit_without_noise_or_clipping_equals_keras_fit(steps_per_execution):
+def test_fit_without_noise_or_clipping_equals_keras_fit(steps_per_execution, method):
   plain, private = _twin_models()
+  private.per_example_method = method
   plain.compile(keras.optimizers.SGD(0.1), loss=LOSS, steps_per_execution=steps_per_execution)
   private.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1e9, 0.0, learning_rate=0.1, seed=0),
                   loss=LOSS, steps_per_execution=steps_per_execution)
@@ -48,9 +54,11 @@ def _per_example_grads(model, x, y):
   return grads
 
 
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("num_microbatches", [None, 4])
-def test_one_fit_step_matches_explicit_clipping_reference(num_microbatches):
+def test_one_fit_step_matches_explicit_clipping_reference(num_microbatches, method):
   _, private = _twin_models()
+  private.per_example_method = method
   before = [w.numpy() for w in private.trainable_variables]
   per_example = _per_example_grads(private, X[:8], Y[:8])
   clip = 0.05
@@ -163,3 +171,59 @@ def test_make_dp_model_class_validates_and_caches():
   assert tf_dpkit.make_dp_model_class(keras.Sequential) is tf_dpkit.DPSequential
   with pytest.raises(TypeError, match="subclass of keras.Model"):
     tf_dpkit.make_dp_model_class(dict)
+
+
+class SubclassedNet(keras.Model):
+  def __init__(self):
+    super().__init__()
+    self.hidden = keras.layers.Dense(4, activation="tanh")
+    self.out = keras.layers.Dense(2)
+
+  def call(self, x):
+    return self.out(self.hidden(x) * 2.0)
+
+
+DPSubclassed = tf_dpkit.make_dp_model_class(SubclassedNet)
+
+
+def test_subclassed_model_uses_vectorized_path_and_matches_keras():
+  plain, private = SubclassedNet(), DPSubclassed()
+  plain(X[:1]), private(X[:1])
+  private.set_weights(plain.get_weights())
+  plain.compile(keras.optimizers.SGD(0.1), loss=LOSS)
+  private.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1e9, 0.0, learning_rate=0.1, seed=0),
+                  loss=LOSS)
+  assert resolve_method(private, "auto") == "vectorized"
+  with pytest.raises(ValueError, match="method='fast' needs a Keras functional or Sequential"):
+    resolve_method(private, "fast")
+  plain.fit(X, Y, batch_size=8, shuffle=False, verbose=0)
+  private.fit(X, Y, batch_size=8, shuffle=False, verbose=0)
+  for a, b in zip(plain.get_weights(), private.get_weights()):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_batch_normalization_is_refused_with_a_suggestion():
+  model = tf_dpkit.DPSequential([keras.Input((3,)), keras.layers.Dense(2),
+                                 keras.layers.BatchNormalization()])
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0), loss=LOSS)
+  with pytest.raises(ValueError, match="BatchNormalization.*GroupNormalization"):
+    model.fit(X, Y, verbose=0)
+
+
+def test_private_gradients_in_a_custom_loop_matches_fit():
+  _, a = _twin_models()
+  _, b = _twin_models()
+  b.set_weights(a.get_weights())
+  opt_a = tf_dpkit.DPGradientDescentGaussianOptimizer(0.1, 0.7, learning_rate=0.5, seed=4)
+  opt_b = tf_dpkit.DPGradientDescentGaussianOptimizer(0.1, 0.7, learning_rate=0.5, seed=4)
+  a.compile(opt_a, loss=LOSS)
+  a.fit(X[:8], Y[:8], batch_size=8, shuffle=False, verbose=0)
+  per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+  @tf.function
+  def step(x, y):
+    grads = tf_dpkit.private_gradients(opt_b, b, per_example, x, y)
+    opt_b.apply(grads, b.trainable_variables)
+  step(X[:8], Y[:8])
+  for wa, wb in zip(a.get_weights(), b.get_weights()):
+    np.testing.assert_allclose(wa, wb, rtol=1e-5, atol=1e-6)
