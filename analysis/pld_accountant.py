@@ -318,10 +318,139 @@ def _log_mgf_bounds(i_lo: int, pmf: np.ndarray, h: float, lams: np.ndarray) -> n
   return special.logsumexp(log_mass[None, :] + lams[:, None] * loc, axis=1)
 
 
-def _compose_direction(steps_pmfs, h: float):
-  """Composes [(i_lo, pmf, p_inf, count)] one-step PLDs; returns (_DiscretePLD, grid size).
+def _fft_compose(steps_pmfs, lo_idx: int, size: int, lam: float, h: float):
+  """Cyclic FFT composition of the one-step PLDs exponentially tilted by exp(lam t).
 
-  Returns None for the grid size when the composed grid would exceed _MAX_GRID_SIZE.
+  Each one-step pmf w is replaced by w e^{lam t} / M(lam) with M(lam) = sum_t w e^{lam t}
+  (a probability vector), raised to its step count in the Fourier domain, and the phases are
+  multiplied.  Returns (c, log_scale): the composed (untilted) mass at loss (lo_idx + k) h is
+  c[k] * exp(log_scale - lam (lo_idx + k) h), with log_scale = sum count * log M(lam).
+  Tilting by the saddle point of the query makes the FFT's absolute round-off (~1e-17 of the
+  largest value) relative to the mass near the query instead of relative to the bulk.
+  """
+  spectrum = None
+  log_scale = 0.0
+  for i_lo, pmf, _, count in steps_pmfs:
+    if lam == 0.0:
+      w = pmf
+    else:
+      t = (i_lo + np.arange(pmf.size)) * h
+      with np.errstate(divide="ignore"):
+        log_w = np.log(pmf) + lam * t
+      top = float(np.max(log_w))
+      w = np.exp(log_w - top)
+      total = float(np.sum(w))
+      w /= total
+      log_scale += count * (top + math.log(total))
+    idx = (i_lo + np.arange(w.size)) % size
+    wrapped = np.bincount(idx, weights=w, minlength=size)
+    factor = np.power(sp_fft.rfft(wrapped), count)
+    spectrum = factor if spectrum is None else spectrum * factor
+  composed = sp_fft.irfft(spectrum, n=size)
+  # Round-off leaves noise of ~1e-17 of the largest value, partly negative; clip at 0.
+  np.maximum(composed, 0.0, out=composed)
+  return np.roll(composed, -lo_idx), log_scale  # composed[k] is at loss (lo_idx + k) h
+
+
+class _ComposedDirection:
+  """The composed PLD of one direction (add or remove), with tail-accurate queries.
+
+  ``plain`` is the untilted composition.  A query at eps (or at the epsilon found from
+  ``plain``) is refined with a composition tilted at the Chernoff-optimal lam for eps, keeping
+  only grid losses >= eps_low = eps - margin, where the untilted values are recovered without
+  overflow.  Tilting changes what cyclic wrap-around costs: a true loss s above the tilted
+  window's top aliases down to s - m N h and, if that lies above eps_low, with its weight
+  multiplied by at most e^{lam (s - eps_low)}.  The total is at most
+  exp(K(theta) - lam eps_low - (theta - lam) top) for any theta > lam (K the log-MGF bound of
+  the composition), which is added to delta (nothing when the window reaches the support's top).
+  """
+
+  def __init__(self, steps_pmfs, h, lo_idx, size, support, p_inf, wrap_mass, lams, log_mgf):
+    self._steps_pmfs = steps_pmfs
+    self._lo_support, self._hi_support = support  # grid indices bounding the true support
+    self._p_inf = p_inf  # exact mass at +inf (from the one-step truncations)
+    self._h = h
+    self._lams = lams
+    self._log_mgf = log_mgf
+    composed, _ = _fft_compose(steps_pmfs, lo_idx, size, 0.0, h)
+    self.plain = _DiscretePLD(lo_idx, composed, p_inf + wrap_mass, h)
+    self._tilted = {}
+
+  def _tilt_for(self, epsilon: float):
+    """Grid lam > 0 minimising the Chernoff exponent K(lam) - lam eps; None if eps <= mean."""
+    pos = self._lams > 0.0
+    lams, log_mgf = self._lams[pos], self._log_mgf[pos]
+    best = int(np.argmin(log_mgf - lams * epsilon))
+    if best == 0 and log_mgf[0] - lams[0] * epsilon >= 0.0:
+      return None
+    return float(lams[best])
+
+  def _tail(self, lam: float, eps_low: float):
+    """Untilted composed PLD restricted to grid losses >= eps_low (a _DiscretePLD), or None.
+
+    The tilted composition gets its own cyclic window [bottom, top]: ``top`` is chosen so that
+    the aliasing bound of the class docstring is <= _TAIL_MASS / 4, ``bottom`` <= eps_low so
+    that the window is at least 40 / lam wide (mass below it aliases upwards with weight at
+    most e^{-lam N h} <= e^{-40}, which can only increase delta).  None if that window would
+    exceed _MAX_GRID_SIZE or no exponent theta > lam is available.
+    """
+    h = self._h
+    above = self._lams > lam
+    if not np.any(above):
+      return None
+    thetas, log_mgf = self._lams[above], self._log_mgf[above]
+    log_inv = math.log(4.0 / _TAIL_MASS)
+    reach = float(np.min((log_mgf - lam * eps_low + log_inv) / (thetas - lam)))
+    top = self._hi_support
+    if reach < top * h:
+      top = max(math.ceil(reach / h), math.floor(eps_low / h))
+    bottom = min(math.floor(eps_low / h), top - math.ceil(40.0 / (lam * h)))
+    bottom = max(bottom, self._lo_support)
+    size = sp_fft.next_fast_len(top - bottom + 1, real=True)
+    if size > _MAX_GRID_SIZE:
+      return None
+    key = (lam, bottom, size)
+    if key not in self._tilted:
+      self._tilted.clear()  # keep at most one tilted grid in memory
+      self._tilted[key] = _fft_compose(self._steps_pmfs, bottom, size, lam, h)
+    composed, log_scale = self._tilted[key]
+    j0 = min(max(math.ceil(eps_low / h) - bottom, 0), size - 1)
+    t = (bottom + j0 + np.arange(size - j0)) * h
+    with np.errstate(divide="ignore"):
+      log_pmf = np.log(composed[j0:]) + log_scale - lam * t
+    pmf = np.exp(np.minimum(log_pmf, 700.0))
+    p_inf = self._p_inf
+    if top < self._hi_support:
+      # True losses s > top alias to positions above eps_low with weight <= e^{lam(s-eps_low)}.
+      wrap = float(np.min(log_mgf - lam * eps_low - (thetas - lam) * top * h))
+      p_inf += math.exp(min(wrap, 0.0))
+    return _DiscretePLD(bottom + j0, pmf, p_inf, h)
+
+  def delta(self, epsilon: float) -> float:
+    lam = None if math.isinf(epsilon) else self._tilt_for(epsilon)
+    tail = None if lam is None else self._tail(lam, epsilon)
+    if tail is None:
+      return self.plain.delta(epsilon)
+    return tail.delta(epsilon)
+
+  def epsilon(self, delta: float) -> float:
+    anchor = self.plain.epsilon(delta)
+    if math.isinf(anchor):
+      return anchor
+    lam = self._tilt_for(anchor)
+    if lam is None:
+      return anchor
+    margin = min(1.0, 30.0 / lam)
+    tail = self._tail(lam, anchor - margin)
+    if tail is None or tail.delta(tail.start * self._h) <= delta:
+      return anchor  # the solution lies below the refined range; keep the plain one
+    return tail.epsilon(delta)
+
+
+def _compose_direction(steps_pmfs, h: float):
+  """Composes [(i_lo, pmf, p_inf, count)] one-step PLDs; returns (_ComposedDirection, size).
+
+  Returns None instead of the composition when the grid would exceed _MAX_GRID_SIZE.
   """
   log_finite = 0.0
   for _, _, p_inf, count in steps_pmfs:
@@ -332,7 +461,7 @@ def _compose_direction(steps_pmfs, h: float):
 
   # Support of the composition and moments for choosing Chernoff exponents.
   lo_support = hi_support = 0
-  mean = var = 0.0
+  var = 0.0
   for i_lo, pmf, _, count in steps_pmfs:
     nz = np.flatnonzero(pmf)
     if nz.size == 0:
@@ -342,7 +471,6 @@ def _compose_direction(steps_pmfs, h: float):
     t = (i_lo + np.arange(pmf.size)) * h
     w = pmf / np.sum(pmf)
     m = float(np.sum(w * t))
-    mean += count * m
     var += count * float(np.sum(w * (t - m) ** 2))
   wrap_tail = _TAIL_MASS / 4.0
   log_inv = math.log(1.0 / wrap_tail)
@@ -369,18 +497,8 @@ def _compose_direction(steps_pmfs, h: float):
   size = sp_fft.next_fast_len(hi_idx - lo_idx + 1, real=True)
   if size > _MAX_GRID_SIZE:
     return None, size
-
-  spectrum = None
-  for i_lo, pmf, _, count in steps_pmfs:
-    idx = (i_lo + np.arange(pmf.size)) % size
-    wrapped = np.bincount(idx, weights=pmf, minlength=size)
-    factor = np.power(sp_fft.rfft(wrapped), count)
-    spectrum = factor if spectrum is None else spectrum * factor
-  composed = sp_fft.irfft(spectrum, n=size)
-  # Round-off leaves ~1e-17 noise, partly negative; probabilities are clipped at 0.
-  np.maximum(composed, 0.0, out=composed)
-  composed = np.roll(composed, -lo_idx)  # composed[k] is the mass at loss (lo_idx + k) h
-  return _DiscretePLD(lo_idx, composed, p_inf_total + wrap_mass, h), size
+  return _ComposedDirection(steps_pmfs, h, lo_idx, size, (lo_support, hi_support),
+                            p_inf_total, wrap_mass, lams, log_mgf), size
 
 
 class PLDAccountant:
