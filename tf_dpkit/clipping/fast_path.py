@@ -11,8 +11,10 @@ One forward pass runs the model's layer graph with each trainable layer executed
    layer, ``dz/dW^T (c * g)``, gives that layer's share of ``sum_j clip(grad_j)`` directly (no
    second backward pass through the network).
 
-Layers with trainable weights but no rule fall back to a layer-local ``tf.vectorized_map`` over
-examples (exact for layers that treat examples independently).  Models whose call logic is not
+Layers with trainable weights but no rule are run with their rule-covered sublayers executed by
+the rules when sublayers own all their weights (e.g. ``MultiHeadAttention``), and otherwise fall
+back to a layer-local ``tf.vectorized_map`` over examples (exact for layers that treat examples
+independently).  Models whose call logic is not
 a Keras layer graph (subclassed models) are not handled here: :func:`fast_path_available` says
 so and ``DPModel`` then uses the whole-model ``tf.vectorized_map`` path.
 """
@@ -35,34 +37,100 @@ def layer_graph(model):
   return None
 
 
+def _shared_trainable_layers(graph):
+  """Names of trainable layers called more than once in the graph (weights shared across uses)."""
+  calls = {}
+  for nodes in graph._nodes_by_depth.values():  # pylint: disable=protected-access
+    for node in nodes:
+      op = node.operation
+      if op is not None and not node.is_input and getattr(op, "trainable_weights", None):
+        calls[id(op)] = (op.name, calls.get(id(op), (None, 0))[1] + 1)
+  return [name for name, count in calls.values() if count > 1]
+
+
 def fast_path_available(model) -> bool:
-  """True when ``model``'s computation is a Keras layer graph the fast path can walk."""
-  return layer_graph(model) is not None
+  """True when ``model`` is a Keras layer graph the fast path can walk exactly.
+
+  False for subclassed models and for graphs that call one trainable layer more than once (its
+  per-example gradient is then a sum over calls, whose norm the per-call rules cannot give).
+  """
+  graph = layer_graph(model)
+  return graph is not None and not _shared_trainable_layers(graph)
 
 
 def _layer_local_trace(layer, args, kwargs, outputs):
-  """Fallback rule: per-example gradients of this layer alone, by ``tf.vectorized_map``."""
-  if len(args) != 1 or not isinstance(outputs, tf.Tensor):
+  """Fallback rule: per-example gradients of this layer alone, by ``tf.vectorized_map``.
+
+  Exact for layers that treat examples independently; ``args`` are the layer's tensor inputs
+  (each with the batch dimension), ``kwargs`` its non-tensor call arguments.
+  """
+  if not isinstance(outputs, tf.Tensor) or not all(isinstance(a, tf.Tensor) for a in args):
     raise NotImplementedError(
-        f"Layer {layer.name!r} ({type(layer).__name__}) has no fast-path rule and is not a "
-        "single-input, single-output layer.")
-  inputs = args[0]
+        f"Layer {layer.name!r} ({type(layer).__name__}) has no fast-path rule and does not map "
+        "batched tensors to one batched tensor; use per_example_method='vectorized'.")
   variables = layer.trainable_variables
 
   def squared_norms(g, num_groups):
     def per_example(example):
-      x_i, g_i = example
+      *xs, g_i = example
       with tf.GradientTape() as tape:
-        out = layer(x_i[None], **kwargs)
+        out = layer(*[x[None] for x in xs], **kwargs)
       return tape.gradient(out, variables, output_gradients=g_i[None],
                            unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    grads = tf.vectorized_map(per_example, (inputs, g))
+    grads = tf.vectorized_map(per_example, (*args, g))
     total = 0.0
     for grad in grads:
       grouped = tf.reduce_sum(group_examples(grad[:, None], num_groups), axis=1)
       total += tf.reduce_sum(tf.reshape(tf.square(grouped), [num_groups, -1]), axis=1)
     return total
   return LayerTrace(outputs, outputs, squared_norms)
+
+
+def _rule_covered_sublayers(layer):
+  """Sublayers with rules that together own all of ``layer``'s trainable variables, or None.
+
+  Composite layers such as ``MultiHeadAttention`` (four ``EinsumDense`` sublayers) are then run
+  as they are, with those sublayers executed by their rules (their ``call`` is swapped for the
+  duration of the call), instead of a layer-local ``vectorized_map``.
+  """
+  covered, sublayers = set(), []
+  for sub in layer._flatten_layers(include_self=False):  # pylint: disable=protected-access
+    if sub.trainable_variables and lookup_rule(sub) is not None and not any(
+        s.trainable_variables for s in sub._flatten_layers(include_self=False)):  # pylint: disable=protected-access
+      sublayers.append(sub)
+      covered.update(id(v) for v in sub.trainable_variables)
+  if sublayers and covered == {id(v) for v in layer.trainable_variables}:
+    return sublayers
+  return None
+
+
+def _call_with_rules(layer, sublayers, default_call, args, kwargs, records):
+  """Calls ``layer`` with each of ``sublayers`` executed (and recorded) by its rule."""
+  start = len(records)
+
+  def patched(sub):
+    rule = lookup_rule(sub)
+
+    def call(inputs, *unused_args, **unused_kwargs):
+      trace = rule(sub, inputs)
+      if trace is None:
+        raise NotImplementedError(f"The rule for {sub.name!r} declined its configuration.")
+      records.append((sub, trace))
+      return trace.outputs
+    return call
+
+  for sub in sublayers:
+    object.__setattr__(sub, "call", patched(sub))
+  try:
+    outputs = default_call(*args, **kwargs)
+  finally:
+    for sub in sublayers:
+      object.__delattr__(sub, "call")
+  called = [id(sub) for sub, _ in records[start:]]
+  if len(called) != len(set(called)):
+    raise NotImplementedError(
+        f"Layer {layer.name!r} calls a sublayer more than once; use the vectorized path.")
+  return outputs
 
 
 def _check_examples_independent(layer):
@@ -87,6 +155,13 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
     ``(ClippedSum, y_pred)``; the sums are aligned with ``model.trainable_variables``.
   """
   graph = layer_graph(model)
+  if graph is None:
+    raise ValueError(f"The fast path needs a Keras functional or Sequential model, got "
+                     f"{type(model).__name__}; use clipped_sum_vectorized.")
+  shared = _shared_trainable_layers(graph)
+  if shared:
+    raise ValueError(f"The fast path cannot handle layers called more than once: {shared}; use "
+                     "the vectorized path.")
   x, y, sample_weight = inputs
   batch = tf.shape(tf.nest.flatten(x)[0])[0]
   groups = batch if num_microbatches is None else num_microbatches
@@ -105,16 +180,19 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
 
     def call(*args, **kwargs):
       _check_examples_independent(layer)
-      if not layer.trainable_weights:
+      if not getattr(layer, "trainable_weights", None):
         return default(*args, **kwargs)
       trace = None
       rule = lookup_rule(layer)
       if rule is not None and len(args) == 1 and not kwargs:
         trace = rule(layer, args[0])
       if trace is None:
+        sublayers = _rule_covered_sublayers(layer)
+        if sublayers is not None:
+          return _call_with_rules(layer, sublayers, default, args, kwargs, records)
         outputs = default(*args, **kwargs)
-        trace = _layer_local_trace(layer, args, {"training": True} if kwargs.get(
-            "training", True) else {}, outputs)
+        call_kwargs = {k: v for k, v in kwargs.items() if not isinstance(v, tf.Tensor)}
+        trace = _layer_local_trace(layer, args, call_kwargs, outputs)
       records.append((layer, trace))
       return trace.outputs
     return call

@@ -1,0 +1,156 @@
+"""Fast-path rules against brute-force per-example gradients, and the fast path vs vectorized_map."""
+import numpy as np
+import pytest
+import keras
+import tensorflow as tf
+
+from tf_dpkit.clipping import (clipped_sum_fast, clipped_sum_vectorized, fast_path_available,
+                               register_layer_rule)
+from tf_dpkit.clipping.layer_registry import LayerTrace, lookup_rule
+from tf_dpkit.clipping.testing import check_layer_rule
+
+RNG = np.random.default_rng(3)
+
+
+def _x(*shape):
+  return tf.constant(RNG.normal(size=shape).astype(np.float32))
+
+
+def _built(layer, inputs):
+  layer(inputs)
+  return layer
+
+
+CASES = [
+    ("dense_2d", lambda: keras.layers.Dense(3, activation="tanh"), lambda: _x(6, 5)),
+    ("dense_3d_input", lambda: keras.layers.Dense(4), lambda: _x(6, 7, 5)),
+    ("dense_4d_no_bias", lambda: keras.layers.Dense(2, use_bias=False), lambda: _x(6, 2, 3, 4)),
+    ("dense_gram_form", lambda: keras.layers.Dense(64), lambda: _x(4, 2, 64)),
+    ("conv2d_same_stride2", lambda: keras.layers.Conv2D(4, 3, strides=2, padding="same",
+                                                        activation="relu"), lambda: _x(4, 9, 9, 2)),
+    ("conv2d_valid_dilated", lambda: keras.layers.Conv2D(3, 3, dilation_rate=2), lambda: _x(4, 9, 8, 2)),
+    ("conv1d_dilated", lambda: keras.layers.Conv1D(2, 3, dilation_rate=2), lambda: _x(6, 11, 3)),
+    ("conv2d_rect_kernel_no_bias", lambda: keras.layers.Conv2D(5, (2, 4), strides=(1, 2),
+                                                               use_bias=False), lambda: _x(4, 7, 9, 3)),
+    ("conv1d_same", lambda: keras.layers.Conv1D(4, 3, padding="same"), lambda: _x(6, 10, 3)),
+    ("conv1d_valid_strided", lambda: keras.layers.Conv1D(2, 2, strides=2),
+     lambda: _x(6, 11, 3)),
+    ("embedding_repeated_tokens", lambda: keras.layers.Embedding(7, 3),
+     lambda: tf.constant(RNG.integers(0, 7, size=(6, 9)))),
+    ("embedding_mask_zero", lambda: keras.layers.Embedding(5, 4, mask_zero=True),
+     lambda: tf.constant(RNG.integers(0, 5, size=(6, 4)))),
+    ("layer_norm", lambda: keras.layers.LayerNormalization(), lambda: _x(6, 5)),
+    ("layer_norm_3d_no_center", lambda: keras.layers.LayerNormalization(center=False),
+     lambda: _x(6, 3, 5)),
+    ("einsum_dense", lambda: keras.layers.EinsumDense("abc,cd->abd", output_shape=(None, 4),
+                                                      bias_axes="d"), lambda: _x(6, 3, 5)),
+    ("einsum_dense_heads", lambda: keras.layers.EinsumDense("abc,cde->abde", output_shape=(None, 2, 3),
+                                                            bias_axes="de"), lambda: _x(4, 3, 5)),
+    ("einsum_dense_partial_bias", lambda: keras.layers.EinsumDense(
+        "abc,cde->abde", output_shape=(None, 2, 3), bias_axes="d"), lambda: _x(4, 3, 5)),
+]
+
+
+@pytest.mark.parametrize("num_microbatches", [None, 2])
+@pytest.mark.parametrize("name, make_layer, make_inputs", CASES, ids=[c[0] for c in CASES])
+def test_rule_matches_per_example_reference(name, make_layer, make_inputs, num_microbatches):
+  inputs = make_inputs()
+  layer = _built(make_layer(), inputs)
+  errors = check_layer_rule(layer, inputs, num_microbatches=num_microbatches)  # asserts inside
+  assert set(errors) == {"norms", "clipped_sum"}
+
+
+def test_check_layer_rule_catches_a_wrong_rule():
+  class Scaled(keras.layers.Dense):
+    pass
+
+  def wrong_rule(layer, inputs):
+    from tf_dpkit.clipping.layer_registry import dense_rule
+    trace = dense_rule(layer, inputs)
+    return LayerTrace(trace.outputs, trace.watched, lambda g, m: 2.0 * trace.squared_norms(g, m))
+  register_layer_rule(Scaled, wrong_rule)
+  inputs = _x(4, 3)
+  layer = _built(Scaled(2), inputs)
+  assert lookup_rule(layer) is wrong_rule
+  with pytest.raises(AssertionError, match="squared norms differ"):
+    check_layer_rule(layer, inputs)
+
+
+def test_register_layer_rule_validates_arguments():
+  with pytest.raises(TypeError, match="keras.layers.Layer subclass"):
+    register_layer_rule(int, lambda layer, x: None)
+  with pytest.raises(TypeError, match="rule must be callable"):
+    register_layer_rule(keras.layers.Dense, 3)
+
+
+def _compare_fast_and_vectorized(model, x, y, loss, num_microbatches=None, clip=0.5):
+  w = tf.ones([x.shape[0]])
+  fast, _ = clipped_sum_fast(model, loss, (x, y, w), clip, num_microbatches)
+
+  def mb(inputs):
+    xm, ym, wm = inputs
+    return loss(ym, model(xm, training=True)) * wm, tf.zeros([tf.shape(wm)[0]])
+  ref, _ = clipped_sum_vectorized(mb, (x, y, w), model.trainable_variables, clip, num_microbatches)
+  np.testing.assert_allclose(fast.norms.numpy(), ref.norms.numpy(), rtol=2e-4, atol=1e-6)
+  for a, b in zip(fast.grads, ref.grads):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-4, atol=2e-5)
+
+
+MSE = lambda y, p: tf.reduce_mean(tf.square(p - y), axis=-1)
+XENT = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+
+@pytest.mark.parametrize("num_microbatches", [None, 4])
+def test_fast_path_matches_vectorized_on_mnist_cnn(num_microbatches):
+  model = keras.Sequential([
+      keras.Input((28, 28, 1)), keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
+      keras.layers.MaxPool2D(2, 1), keras.layers.Conv2D(32, 4, strides=2, activation="relu"),
+      keras.layers.MaxPool2D(2, 1), keras.layers.Flatten(), keras.layers.Dense(32, activation="relu"),
+      keras.layers.Dense(10)])
+  x = tf.constant(RNG.random((8, 28, 28, 1)).astype(np.float32))
+  y = tf.constant(RNG.integers(0, 10, 8))
+  _compare_fast_and_vectorized(model, x, y, XENT, num_microbatches)
+
+
+def _brute_force_clipped_sum(model, loss, x, y, clip):
+  """Per-example Python loop: the most direct reference."""
+  grads, norms = [], []
+  for i in range(x.shape[0]):
+    with tf.GradientTape() as tape:
+      value = tf.reduce_sum(loss(y[i:i + 1], model(x[i:i + 1], training=True)))
+    g = [tf.convert_to_tensor(t).numpy() for t in tape.gradient(value, model.trainable_variables)]
+    norms.append(np.sqrt(sum(np.sum(t.astype(np.float64) ** 2) for t in g)))
+    grads.append(g)
+  factors = np.minimum(1.0, clip / np.array(norms))
+  return [sum(f * g[v] for f, g in zip(factors, grads)) for v in range(len(grads[0]))], norms
+
+
+def test_fast_path_on_transformer_block_with_fallback_layers():
+  # The reference is a per-example loop: whole-model vectorized_map of MultiHeadAttention
+  # followed by LayerNormalization aborts inside TensorFlow 2.21's oneDNN kernels.
+  inputs = keras.Input((6,), dtype="int32")
+  h = keras.layers.Embedding(20, 8)(inputs)
+  attn = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)(h, h)  # layer-local fallback
+  h = keras.layers.LayerNormalization()(h + attn)
+  h = keras.layers.DepthwiseConv1D(3, padding="same")(h)  # layer-local fallback
+  h = keras.layers.GlobalAveragePooling1D()(h)
+  outputs = keras.layers.Dense(3)(keras.layers.Dense(8, activation="gelu")(h))
+  model = keras.Model(inputs, outputs)
+  x = tf.constant(RNG.integers(0, 20, size=(6, 6)).astype(np.int32))
+  y = tf.constant(RNG.integers(0, 3, 6))
+  fast, _ = clipped_sum_fast(model, XENT, (x, y, tf.ones([6])), 0.5)
+  expected, norms = _brute_force_clipped_sum(model, XENT, x, y, 0.5)
+  np.testing.assert_allclose(fast.norms.numpy(), norms, rtol=2e-4)
+  for a, b in zip(fast.grads, expected):
+    np.testing.assert_allclose(a.numpy(), b, rtol=2e-4, atol=2e-5)
+
+
+def test_layer_called_twice_is_left_to_the_vectorized_path():
+  inputs = keras.Input((4,))
+  shared = keras.layers.Dense(4, activation="tanh", name="shared")
+  outputs = keras.layers.Dense(1)(shared(shared(inputs)))
+  model = keras.Model(inputs, outputs)
+  # Its per-example gradient sums both calls; per-call norms cannot give the norm of the sum.
+  assert not fast_path_available(model)
+  with pytest.raises(ValueError, match="called more than once.*shared"):
+    clipped_sum_fast(model, MSE, (_x(6, 4), _x(6, 1), tf.ones([6])), 1.0)
