@@ -60,6 +60,8 @@ def add_gaussian_noise(tensors, stddev, key: int, step):
       continue
     with tf.device(tensor.device if tensor.device else None):
       seed = tf.random.experimental.stateless_fold_in(base_seed, index)
-      noise = tf.random.stateless_normal(tf.shape(tensor), seed=seed, dtype=tensor.dtype)
+      # A static shape lets the generator run without waiting for the gradient to exist.
+      shape = tensor.shape if tensor.shape.is_fully_defined() else tf.shape(tensor)
+      noise = tf.random.stateless_normal(shape, seed=seed, dtype=tensor.dtype)
       noised.append(tensor + tf.constant(stddev, dtype=tensor.dtype) * noise)
   return noised

@@ -218,12 +218,14 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
   index = {id(v): i for i, v in enumerate(variables)}
   sums = [None] * len(variables)
   for (layer, trace), g in zip(records, output_grads):
-    shape = tf.concat([[batch], tf.ones([tf.rank(g) - 1], tf.int32)], 0)
-    weighted = g * tf.reshape(tf.cast(example_factors, g.dtype), shape)
     layer_vars = layer.trainable_variables
-    vjp = tape.gradient(trace.watched, layer_vars, output_gradients=weighted,
-                        unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    for v, grad in zip(layer_vars, vjp):
+    layer_sums = trace.clipped_sum(factors) if trace.clipped_sum is not None else None
+    if layer_sums is None:
+      shape = tf.concat([[batch], tf.ones([tf.rank(g) - 1], tf.int32)], 0)
+      weighted = g * tf.reshape(tf.cast(example_factors, g.dtype), shape)
+      layer_sums = tape.gradient(trace.watched, layer_vars, output_gradients=weighted,
+                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    for v, grad in zip(layer_vars, layer_sums):
       grad = tf.convert_to_tensor(grad)
       i = index[id(v)]
       sums[i] = grad if sums[i] is None else sums[i] + grad

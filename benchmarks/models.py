@@ -1,0 +1,56 @@
+"""The benchmark models: the MNIST CNN, a Dense-only MLP, an Embedding+Dense text model and a
+small Transformer block.  Each entry builds ``(layers_fn, make_batch)``."""
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+
+def mnist_cnn():
+  return keras.Sequential([
+      keras.Input((28, 28, 1)),
+      keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
+      keras.layers.MaxPool2D(2, 1),
+      keras.layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),
+      keras.layers.MaxPool2D(2, 1),
+      keras.layers.Flatten(),
+      keras.layers.Dense(32, activation="relu"),
+      keras.layers.Dense(10)])
+
+
+def mlp():
+  return keras.Sequential([
+      keras.Input((784,)), keras.layers.Dense(512, activation="relu"),
+      keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
+
+
+def text():
+  return keras.Sequential([
+      keras.Input((64,), dtype="int32"), keras.layers.Embedding(10000, 64),
+      keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(64, activation="relu"),
+      keras.layers.Dense(2)])
+
+
+def transformer():
+  inputs = keras.Input((32,), dtype="int32")
+  h = keras.layers.Embedding(10000, 64)(inputs)
+  attention = keras.layers.MultiHeadAttention(num_heads=4, key_dim=16)(h, h)
+  h = keras.layers.LayerNormalization()(h + attention)
+  ffn = keras.layers.Dense(64)(keras.layers.Dense(128, activation="relu")(h))
+  h = keras.layers.LayerNormalization()(h + ffn)
+  outputs = keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(h))
+  return keras.Model(inputs, outputs)
+
+
+def batch_for(name, batch_size, seed=0):
+  rng = np.random.default_rng(seed)
+  if name == "mnist_cnn":
+    return rng.random((batch_size, 28, 28, 1), np.float32), rng.integers(0, 10, batch_size)
+  if name == "mlp":
+    return rng.random((batch_size, 784), np.float32), rng.integers(0, 10, batch_size)
+  length = 64 if name == "text" else 32
+  return (rng.integers(0, 10000, (batch_size, length)).astype(np.int32),
+          rng.integers(0, 2, batch_size))
+
+
+MODELS = {"mnist_cnn": mnist_cnn, "mlp": mlp, "text": text, "transformer": transformer}

@@ -1,0 +1,187 @@
+"""Median milliseconds per training step: non-private vs each per-example method.
+
+    python benchmarks/step_time.py                 # full table (about 10 minutes on 2 cores)
+    python benchmarks/step_time.py --models=mlp --batch_sizes=256 --reps=10
+
+One process builds every configuration, warms each up, then times them interleaved (rep by
+rep), so machine noise hits all of them alike.  A step is the whole update: gradients (clipped
+and noised for DP) and the SGD apply, inside one ``tf.function``.  Memory: the TensorFlow CPU
+allocator's peak during one step (``tf.config.experimental.get_memory_info``), and the process
+RSS high-water mark of a fresh subprocess that runs only that configuration (``--rss``).
+
+Methods: ``non_private`` (Keras SGD on the mean loss), ``fast`` (per-layer ghost norms,
+``tf_dpkit.private_gradients(..., method="fast")``), ``vectorized`` (whole-model
+``tf.vectorized_map``), ``jacobian`` (the vector-loss optimizer interface,
+``optimizer.minimize(vector_loss, tape=...)``; batch 256 only: its cost grows with B^2), and
+``fast_no_noise`` (the fast path with noise_multiplier=0: clipping cost without the Gaussian
+draw, whose cost grows with the parameter count, not the batch).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+import models as bench_models  # noqa: E402
+import tf_dpkit  # noqa: E402
+
+flags.DEFINE_list("models", list(bench_models.MODELS), "Models to run.")
+flags.DEFINE_list("batch_sizes", ["256", "1024"], "Batch sizes.")
+flags.DEFINE_list("methods", ["non_private", "fast", "fast_no_noise", "vectorized", "jacobian"],
+                  "Methods.")
+flags.DEFINE_integer("reps", 20, "Timed steps per configuration (interleaved).")
+flags.DEFINE_integer("warmup", 3, "Untimed steps per configuration.")
+flags.DEFINE_boolean("rss", True, "Measure peak RSS per configuration in a subprocess.")
+flags.DEFINE_string("single", None, "Internal: model:batch:method to run alone for RSS.")
+flags.DEFINE_string("out", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
+                    "Directory for step_time.md / step_time.json.")
+FLAGS = flags.FLAGS
+
+# Known TensorFlow 2.21 CPU problem: whole-model vectorized_map of MultiHeadAttention followed by
+# LayerNormalization aborts inside oneDNN, so that combination is not run.
+SKIP = {("transformer", "vectorized"): "aborts in TF 2.21 oneDNN (pfor of MHA+LayerNorm)"}
+
+
+def make_step(name, batch_size, method):
+  """Returns (step_fn, inputs) for one configuration."""
+  keras.utils.set_random_seed(0)
+  model = bench_models.MODELS[name]()
+  x, y = bench_models.batch_for(name, batch_size)
+  x, y = tf.constant(x), tf.constant(y)
+  per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+  if method == "non_private":
+    optimizer = keras.optimizers.SGD(0.01)
+
+    def step():
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(per_example(y, model(x, training=True)))
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply(grads, model.trainable_variables)
+  elif method in ("fast", "vectorized", "fast_no_noise"):
+    sigma = 0.0 if method == "fast_no_noise" else 1.1
+    optimizer = tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, sigma, learning_rate=0.01, seed=0)
+    path = "fast" if method == "fast_no_noise" else method
+
+    def step():
+      grads = tf_dpkit.private_gradients(optimizer, model, per_example, x, y, method=path)
+      optimizer.apply(grads, model.trainable_variables)
+  elif method == "jacobian":
+    optimizer = tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.1, learning_rate=0.01, seed=0)
+
+    def step():
+      with tf.GradientTape() as tape:
+        loss = per_example(y, model(x, training=True))
+      optimizer.minimize(loss, model.trainable_variables, tape=tape)
+  else:
+    raise ValueError(method)
+  return tf.function(step)
+
+
+def configurations():
+  for name in FLAGS.models:
+    for batch in map(int, FLAGS.batch_sizes):
+      for method in FLAGS.methods:
+        if method == "jacobian" and batch > 256:
+          continue
+        if (name, method) in SKIP:
+          continue
+        yield name, batch, method
+
+
+def rss_kb():
+  with open("/proc/self/status") as status:
+    fields = dict(line.split(":", 1) for line in status)
+  return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def run_single(spec):
+  name, batch, method = spec.split(":")
+  step = make_step(name, int(batch), method)
+  before, _ = rss_kb()
+  for _ in range(3):
+    step()
+  _, peak = rss_kb()
+  print(json.dumps({"rss_before_mb": before / 1024, "rss_peak_mb": peak / 1024}))
+
+
+def allocator_peak_mb(step):
+  tf.config.experimental.reset_memory_stats("CPU:0")
+  step()
+  return tf.config.experimental.get_memory_info("CPU:0")["peak"] / 2**20
+
+
+def main(argv):
+  del argv
+  if FLAGS.single:
+    run_single(FLAGS.single)
+    return
+  configs = list(configurations())
+  steps = {}
+  for config in configs:
+    steps[config] = make_step(*config)
+    for _ in range(FLAGS.warmup):
+      steps[config]()
+  times = {config: [] for config in configs}
+  for _ in range(FLAGS.reps):
+    for config in configs:
+      start = time.perf_counter()
+      steps[config]()
+      times[config].append(time.perf_counter() - start)
+  rows = []
+  for config in configs:
+    name, batch, method = config
+    row = {"model": name, "batch": batch, "method": method,
+           "median_ms": 1000 * float(np.median(times[config])),
+           "allocator_peak_mb": allocator_peak_mb(steps[config])}
+    if FLAGS.rss:
+      out = subprocess.run([sys.executable, __file__, f"--single={name}:{batch}:{method}"],
+                           capture_output=True, text=True, check=True).stdout
+      row.update(json.loads(out.strip().splitlines()[-1]))
+    rows.append(row)
+  base = {(r["model"], r["batch"]): r for r in rows if r["method"] == "non_private"}
+  for r in rows:
+    b = base.get((r["model"], r["batch"]))
+    r["time_ratio"] = r["median_ms"] / b["median_ms"] if b else None
+    r["allocator_ratio"] = r["allocator_peak_mb"] / b["allocator_peak_mb"] if b else None
+    if FLAGS.rss and b:
+      r["rss_ratio"] = r["rss_peak_mb"] / b["rss_peak_mb"]
+  header = ("| model | batch | method | median ms/step | x non-private | TF alloc peak MB | "
+            "x | RSS peak MB | x |\n|---|---|---|---|---|---|---|---|---|")
+  lines = [header]
+  fmt = lambda v, spec: "n/a" if v is None else format(v, spec)
+  for r in rows:
+    lines.append(
+        f"| {r['model']} | {r['batch']} | {r['method']} | {r['median_ms']:.1f} | "
+        f"{fmt(r['time_ratio'], '.2f')} | {r['allocator_peak_mb']:.1f} | "
+        f"{fmt(r['allocator_ratio'], '.2f')} | {fmt(r.get('rss_peak_mb'), '.0f')} | "
+        f"{fmt(r.get('rss_ratio'), '.2f')} |")
+  for (name, method), why in SKIP.items():
+    if name in FLAGS.models and method in FLAGS.methods:
+      lines.append(f"| {name} | all | {method} | skipped: {why} | | | | | |")
+  table = "\n".join(lines)
+  print(table)
+  meta = {"command": "python " + " ".join(sys.argv), "python": platform.python_version(),
+          "tensorflow": tf.__version__, "keras": keras.__version__, "cpu_count": os.cpu_count(),
+          "reps": FLAGS.reps, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+  os.makedirs(FLAGS.out, exist_ok=True)
+  with open(os.path.join(FLAGS.out, "step_time.json"), "w") as f:
+    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+  with open(os.path.join(FLAGS.out, "step_time.md"), "w") as f:
+    f.write(f"Command: `{meta['command']}`  \nTensorFlow {meta['tensorflow']}, Keras "
+            f"{meta['keras']}, Python {meta['python']}, {meta['cpu_count']} CPUs, "
+            f"{meta['reps']} interleaved reps, {meta['date']}.\n\n{table}\n")
+
+
+if __name__ == "__main__":
+  app.run(main)
