@@ -1,0 +1,308 @@
+"""Poisson sampling really is Poisson sampling; the shuffled pipeline covers each example once.
+
+Statistical tests use fixed seeds, so they are deterministic; tolerances are stated as numbers of
+standard errors (5 SE) or p-values (> 1e-3) and would pass for a correct sampler with
+overwhelming probability for any seed.
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from scipy import stats
+
+from tf_dpkit.data import poisson
+from tf_dpkit.data.poisson import PoissonSampling, poisson_batches, shuffled_batches
+
+N, Q, T = 1000, 0.05, 2000
+
+
+def _index_data(n):
+  """x[i] = (i, 2i) as float32, y[i] = i: the gathered y values are the selected indices."""
+  i = np.arange(n)
+  return np.stack([i, 2 * i], axis=1).astype(np.float32), i.astype(np.int64)
+
+
+def _masks(ds, n):
+  """[steps, n] 0/1 inclusion matrix (weight-0 placeholders count as not included)."""
+  rows = []
+  for _, y, w in ds.as_numpy_iterator():
+    row = np.zeros(n, np.int64)
+    row[y[w > 0]] = 1
+    rows.append(row)
+  return np.stack(rows)
+
+
+@pytest.fixture(scope="module")
+def draws():
+  ds = poisson_batches(_index_data(N), sampling_probability=Q, steps=T, seed=1234)
+  return _masks(ds, N)
+
+
+def test_batch_sizes_follow_binomial(draws):
+  sizes = draws.sum(axis=1)
+  mean, var = N * Q, N * Q * (1 - Q)  # 50, 47.5
+  # Mean within 5 standard errors (SE = sqrt(var / T) ~ 0.154).
+  assert abs(sizes.mean() - mean) < 5 * math.sqrt(var / T)
+  # Variance within 5 SE (SE of the sample variance ~ var * sqrt(2 / (T - 1)) ~ 1.50).
+  assert abs(sizes.var(ddof=1) - var) < 5 * var * math.sqrt(2 / (T - 1))
+  # Chi-square goodness of fit to Binomial(N, q), tails pooled so every bin expects >= 5.
+  lo, hi = 34, 67  # every bin, pooled tails included, expects >= 6
+  binned = np.clip(sizes, lo, hi)
+  observed = np.bincount(binned - lo, minlength=hi - lo + 1)
+  probs = stats.binom.pmf(np.arange(lo, hi + 1), N, Q)
+  probs[0], probs[-1] = stats.binom.cdf(lo, N, Q), stats.binom.sf(hi - 1, N, Q)
+  assert np.all(probs * T >= 5)
+  assert stats.chisquare(observed, probs * T).pvalue > 1e-3
+  # Kolmogorov-Smirnov: D = max_k |F_T(k) - F(k)| over integers k, the empirical CDF against
+  # the binomial CDF.  (scipy.stats.kstest assumes a continuous law and overstates D at ties.)
+  # For a discrete law the continuous-case Kolmogorov p-value is conservative (too small).
+  k = np.arange(N + 1)
+  empirical = np.searchsorted(np.sort(sizes), k, side="right") / T
+  d = np.max(np.abs(empirical - stats.binom.cdf(k, N, Q)))
+  assert stats.kstwo.sf(d, T) > 1e-3
+
+
+def test_every_example_is_included_with_probability_q(draws):
+  counts = draws.sum(axis=0)  # each ~ Binomial(T, q): mean 100, sd ~ 9.75
+  sd = math.sqrt(T * Q * (1 - Q))
+  assert np.max(np.abs(counts - T * Q)) < 5 * sd
+  # Sum of squared z-scores ~ chi2(N) if the counts are independent Binomial(T, q); two-sided,
+  # so both over-dispersion and too-even coverage (e.g. a hidden shuffle) fail.
+  stat = np.sum((counts - T * Q) ** 2) / (T * Q * (1 - Q))
+  p = 2 * min(stats.chi2.sf(stat, N), stats.chi2.cdf(stat, N))
+  assert p > 1e-3
+
+
+def test_steps_are_independent(draws):
+  # An example is in both of two consecutive batches with probability q^2 if steps are
+  # independent (sampling without replacement across steps would give far fewer).
+  overlaps = np.sum(draws[1:] * draws[:-1])
+  pairs = (T - 1) * N
+  assert abs(overlaps - pairs * Q * Q) < 5 * math.sqrt(pairs * Q * Q * (1 - Q * Q))
+  # Correlation of consecutive batch sizes ~ 0 (SE ~ 1 / sqrt(T)).
+  sizes = draws.sum(axis=1).astype(np.float64)
+  assert abs(np.corrcoef(sizes[1:], sizes[:-1])[0, 1]) < 5 / math.sqrt(T)
+  # No two of the first 50 steps give the same batch.
+  assert len({row.tobytes() for row in draws[:50]}) == 50
+
+
+def test_reproducible_per_seed_and_independent_of_iteration():
+  data = _index_data(200)
+  one = list(poisson_batches(data, sampling_probability=0.1, steps=20, seed=7).as_numpy_iterator())
+  two = list(poisson_batches(data, sampling_probability=0.1, steps=20, seed=7).as_numpy_iterator())
+  other = list(poisson_batches(data, sampling_probability=0.1, steps=20,
+                               seed=8).as_numpy_iterator())
+  for a, b in zip(one, two):
+    for u, v in zip(a, b):
+      np.testing.assert_array_equal(u, v)
+  assert any(not np.array_equal(a[1], b[1]) for a, b in zip(one, other))
+  # Batch t depends only on (seed, t): batch_indices(t) matches the dataset's element t.
+  sampling = PoissonSampling(200, 0.1, 20, 7)
+  indices, _ = sampling.batch_indices(13)
+  np.testing.assert_array_equal(indices.numpy(), one[13][1])
+  # x and y are gathered with the same indices.
+  np.testing.assert_array_equal(one[13][0][:, 0], one[13][1])
+
+
+def test_elements_structure_and_dynamic_batch_dimension():
+  ds = poisson_batches(_index_data(100), expected_batch_size=10, steps=30, seed=0)
+  x_spec, y_spec, w_spec = ds.element_spec
+  assert x_spec.shape.as_list() == [None, 2] and x_spec.dtype == tf.float32
+  assert y_spec.shape.as_list() == [None] and y_spec.dtype == tf.int64
+  assert w_spec.shape.as_list() == [None] and w_spec.dtype == tf.float32
+  traces = []
+
+  @tf.function
+  def step(iterator):  # the Keras pattern: next() inside the traced function
+    traces.append(1)
+    x, y, w = next(iterator)
+    return tf.shape(x)[0], tf.reduce_sum(w)
+
+  iterator = iter(ds)
+  sizes = [int(step(iterator)[0]) for _ in range(30)]
+  assert len(set(sizes)) > 3 and len(traces) == 1
+  # In ascending index order, weights all one for non-empty draws.
+  for _, y, w in ds.take(5).as_numpy_iterator():
+    assert np.all(np.diff(y) > 0) and np.all(w == 1.0)
+
+
+def test_single_array_gives_pairs():
+  x = np.arange(50, dtype=np.float32)
+  ds = poisson_batches(x, sampling_probability=0.5, steps=3, seed=0)
+  assert len(ds.element_spec) == 2
+  for xb, w in ds.as_numpy_iterator():
+    assert xb.shape == w.shape
+
+
+def test_expected_batch_size_equals_sampling_probability():
+  data = _index_data(400)
+  a = poisson_batches(data, expected_batch_size=20, steps=5, seed=3)
+  b = poisson_batches(data, sampling_probability=20 / 400, steps=5, seed=3)
+  for u, v in zip(a.as_numpy_iterator(), b.as_numpy_iterator()):
+    np.testing.assert_array_equal(u[1], v[1])
+
+
+def test_empty_draw_is_a_zero_weight_placeholder():
+  data = _index_data(10)
+  for x, y, w in poisson_batches(data, sampling_probability=1e-12, steps=5,
+                                 seed=0).as_numpy_iterator():
+    np.testing.assert_array_equal(y, [0])
+    np.testing.assert_array_equal(x, [[0.0, 0.0]])
+    np.testing.assert_array_equal(w, np.array([0.0], np.float32))
+  # Mixed: P(empty) = 0.9^5 ~ 0.59; placeholders are exactly the weight-0 elements.
+  seen_empty = seen_full = False
+  for _, y, w in poisson_batches(_index_data(5), sampling_probability=0.1, steps=40,
+                                 seed=1).as_numpy_iterator():
+    if w.sum() == 0:
+      seen_empty = True
+      assert y.tolist() == [0] and w.tolist() == [0.0]
+    else:
+      seen_full = True
+      assert np.all(w == 1.0)
+  assert seen_empty and seen_full
+
+
+def test_q_one_takes_everyone():
+  for _, y, w in poisson_batches(_index_data(7), expected_batch_size=7, steps=3,
+                                 seed=0).as_numpy_iterator():
+    assert y.tolist() == list(range(7)) and np.all(w == 1.0)
+
+
+def test_sampling_properties():
+  s = PoissonSampling.from_expected_batch_size(60000, 256, steps=10, seed=0)
+  assert s.sampling_probability == 256 / 60000
+  assert s.expected_batch_size == pytest.approx(256)
+  assert s.steps_per_epoch == math.ceil(60000 / 256) == 235
+  assert PoissonSampling(1000, 0.01, 1, 0).steps_per_epoch == 100
+  assert PoissonSampling(1000, 0.1, 1, 0).steps_per_epoch == 10
+  assert PoissonSampling(10, 0.5, 1, 0).inclusion_threshold == 2**63
+  assert PoissonSampling(10, 1.0, 1, 0).inclusion_threshold == 2**64
+  # floor(q 2^64) / 2^64 <= q < (floor(q 2^64) + 1) / 2^64, checked in exact rationals.
+  threshold = PoissonSampling(10, 0.3, 1, 0).inclusion_threshold
+  assert Fraction(threshold, 2**64) <= Fraction(0.3) < Fraction(threshold + 1, 2**64)
+  assert PoissonSampling(10, 0.3, 1, 0).realised_sampling_probability <= 0.3
+
+
+def test_keras_fit_consumes_weights_as_sample_weight():
+  import keras  # pylint: disable=g-import-not-at-top
+  keras.utils.set_random_seed(0)
+  x, y = _index_data(64)
+  ds = poisson_batches((x / 64.0, (y % 2).astype(np.float32)), expected_batch_size=8, steps=6,
+                       seed=0)
+  model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+  model.compile(optimizer="sgd", loss="mse")
+  history = model.fit(ds, epochs=1, verbose=0, shuffle=False)
+  assert np.isfinite(history.history["loss"][0])
+
+
+def test_graph_mode_one_shot_iterator():
+  v1 = tf.compat.v1
+  with tf.Graph().as_default():
+    ds = poisson_batches(_index_data(30), expected_batch_size=5, steps=2, seed=0)
+    x, y, w = v1.data.make_one_shot_iterator(ds).get_next()
+    with v1.Session() as sess:
+      xs, ys, ws = sess.run([x, y, w])
+  assert xs.shape[0] == ys.shape[0] == ws.shape[0] >= 1
+
+
+# ---------------------------------------------------------------------------- shuffled pipeline
+
+
+def _epochs(ds, per_epoch):
+  ys = [y for _, y, _ in ds.as_numpy_iterator()]
+  return [np.concatenate(ys[e * per_epoch:(e + 1) * per_epoch])
+          for e in range(len(ys) // per_epoch)]
+
+
+def test_shuffled_covers_each_example_once_per_epoch():
+  ds = shuffled_batches(_index_data(100), 10, 3, seed=5)
+  assert ds.element_spec[0].shape.as_list() == [10, 2]
+  epochs = _epochs(ds, 10)
+  assert len(epochs) == 3
+  for e in epochs:
+    assert sorted(e.tolist()) == list(range(100))
+  assert not np.array_equal(epochs[0], epochs[1])  # a fresh permutation each epoch
+  assert not np.array_equal(epochs[0], np.arange(100))
+  for _, _, w in ds.as_numpy_iterator():
+    assert np.all(w == 1.0)
+  again = _epochs(shuffled_batches(_index_data(100), 10, 3, seed=5), 10)
+  np.testing.assert_array_equal(np.concatenate(epochs), np.concatenate(again))
+
+
+def test_shuffled_remainder():
+  kept = shuffled_batches(_index_data(25), 10, 2, seed=0, drop_remainder=False)
+  assert kept.element_spec[0].shape.as_list() == [None, 2]
+  sizes = [len(y) for _, y, _ in kept.as_numpy_iterator()]
+  assert sizes == [10, 10, 5, 10, 10, 5]
+  for e in _epochs(kept, 3):
+    assert sorted(e.tolist()) == list(range(25))
+  dropped = shuffled_batches(_index_data(25), 10, 2, seed=0)
+  for e in _epochs(dropped, 2):
+    assert len(set(e.tolist())) == 20  # each kept example exactly once
+
+
+# ---------------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(sampling_probability=0.0), r"sampling_probability must be in \(0, 1\]"),
+    (dict(sampling_probability=1.5), r"sampling_probability must be in \(0, 1\]"),
+    (dict(sampling_probability=-0.1), r"sampling_probability must be in \(0, 1\]"),
+    (dict(sampling_probability=float("nan")), r"sampling_probability must be in \(0, 1\]"),
+    (dict(sampling_probability=True), r"sampling_probability must be a real number"),
+    (dict(expected_batch_size=0), r"expected_batch_size must be in \(0, num_examples\]"),
+    (dict(expected_batch_size=-3), r"expected_batch_size must be in \(0, num_examples\]"),
+    (dict(expected_batch_size=11),
+     r"expected_batch_size must be in \(0, num_examples\] = \(0, 10\]"),
+    (dict(), r"exactly one of sampling_probability"),
+    (dict(sampling_probability=0.1, expected_batch_size=1), r"exactly one of sampling_probability"),
+    (dict(sampling_probability=0.1, steps=0), r"steps must be an integer in \[1, inf\]"),
+    (dict(sampling_probability=0.1, steps=2.0), r"steps must be an integer"),
+    (dict(sampling_probability=0.1, steps=-1), r"steps must be an integer"),
+    (dict(sampling_probability=0.1, seed=2**63), r"seed must be an integer"),
+    (dict(sampling_probability=0.1, seed=1.5), r"seed must be an integer"),
+])
+def test_poisson_argument_errors(kwargs, match):
+  kwargs = {"steps": 3, "seed": 0, **kwargs}
+  with pytest.raises(ValueError, match=match):
+    poisson_batches(_index_data(10), **kwargs)
+
+
+@pytest.mark.parametrize("data, match", [
+    ((np.zeros([10, 2]), np.zeros([9])), r"same first dimension.*\[10, 9\]"),
+    ((), r"non-empty tuple"),
+    ((np.zeros([0, 2]),), r"at least 1 example"),
+    (np.float32(3.0), r"data\[0\] must have a known first"),
+])
+def test_data_errors(data, match):
+  with pytest.raises(ValueError, match=match):
+    poisson_batches(data, sampling_probability=0.5, steps=1, seed=0)
+  with pytest.raises(ValueError, match=match):
+    shuffled_batches(data, 1, 1, 0)
+
+
+def test_dataset_size_mismatch():
+  with pytest.raises(ValueError, match="num_examples=11"):
+    PoissonSampling(11, 0.5, 1, 0).dataset(_index_data(10))
+  with pytest.raises(ValueError, match=r"num_examples must be an integer in \[1, inf\]"):
+    PoissonSampling(0, 0.5, 1, 0)
+
+
+@pytest.mark.parametrize("args, match", [
+    ((0, 1, 0), r"batch_size must be an integer in \[1, 10\]"),
+    ((11, 1, 0), r"batch_size must be an integer in \[1, 10\]"),
+    ((2, 0, 0), r"epochs must be an integer in \[1, inf\]"),
+    ((2, 1.5, 0), r"epochs must be an integer"),
+    ((2, 1, -2**63 - 1), r"seed must be an integer"),
+])
+def test_shuffled_argument_errors(args, match):
+  with pytest.raises(ValueError, match=match):
+    shuffled_batches(_index_data(10), *args)
+
+
+def test_public_names():
+  assert set(poisson.__all__) == {"PoissonSampling", "poisson_batches", "shuffled_batches"}

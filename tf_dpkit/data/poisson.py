@@ -1,0 +1,342 @@
+"""Batch pipelines for DP-SGD: Poisson sampling (what the accountants assume) and shuffle-and-batch.
+
+Poisson sampling
+----------------
+The RDP and PLD accountants analyse the *Poisson-subsampled* Gaussian mechanism: at every step
+``t`` each of the ``N`` training examples joins the batch independently with probability ``q``
+(the sampling probability, ``0 < q <= 1``), independently of every other example and of every
+other step.  The batch size is then ``|B_t| ~ Binomial(N, q)``, with mean ``qN`` (the *expected
+batch size*) and variance ``qN(1 - q)``.  :func:`poisson_batches` implements exactly this:
+
+* Step ``t`` draws ``N`` independent uniform 64-bit integers ``u_i`` from a counter-based
+  (Philox) stateless generator whose key is derived from ``(seed, t)`` alone
+  (``tf.random.experimental.stateless_fold_in``), and selects example ``i`` iff
+  ``u_i < floor(q * 2**64)``.  So each example is included with probability
+  ``q' = floor(q * 2**64) / 2**64``, with ``q - 2**-64 < q' <= q`` (``q' = 1`` when ``q = 1``):
+  never more than the ``q`` handed to the accountant, and the privacy loss is monotone in
+  ``q``, so the accounted epsilon is an upper bound.  Steps use unrelated keys, so their draws
+  are independent; the same ``(seed, t)`` always gives the same batch (reproducible, and
+  independent of how far an iterator has advanced or of ``tf.data`` parallelism).
+* The selected examples are gathered in ascending index order.  There is NO cap and no
+  padding to a fixed size: a cap (truncating large draws) or a fixed-size resample would change
+  the mechanism away from the one that is accounted.  Batches therefore have variable size, and
+  the dataset's ``element_spec`` has an unknown (``None``) batch dimension, so ``tf.function``
+  / Keras trace the training step once for all sizes instead of retracing per size.
+* Each element is ``(x, y, weight)`` with ``weight`` a float32 ``[b]`` vector of ones.  If a
+  draw selects nobody (probability ``(1 - q)**N``), the element is a batch of size 1 holding
+  example 0 with weight 0.0, so downstream code never sees a 0-size batch.  This leaves the
+  mechanism unchanged: the DP step multiplies each example's loss by its weight, so the
+  placeholder's gradient, and hence its clipped gradient, is exactly 0 (clipping maps the zero
+  vector to itself), and the released sum is ``0 + N(0, sigma^2 C^2 I)`` -- the same
+  distribution whatever example 0 is and whether or not it is in the data set.  (Caveat: a
+  non-finite gradient at example 0 would give ``0 * inf = nan`` -- but then training is broken
+  for every batch holding example 0 anyway.)  Keras ``fit`` unpacks a 3-tuple as
+  ``(x, y, sample_weight)``, which is exactly how the weight is meant to be consumed.
+* Normalisation: the DP step must divide the noisy clipped sum by the EXPECTED batch size
+  ``qN``, not by the realised ``|B_t|`` (nor ``sum(weight)``).  The realised size is
+  data-dependent -- removing one example changes it -- so dividing by it would change the
+  sensitivity analysis the accountant relies on; ``qN`` is a public constant.  (In tf_dpkit,
+  pass ``expected_batch_size=qN`` to the DP optimizer.)
+
+One "epoch" of Poisson sampling is ``steps_per_epoch = ceil(N / (qN)) = ceil(1 / q)`` steps:
+the number of steps whose expected batch sizes add up to at least ``N`` examples
+(:attr:`PoissonSampling.steps_per_epoch`).  Examples are not visited exactly once per epoch;
+each is seen ``Binomial(steps, q)`` times over ``steps`` steps.
+
+Shuffle-and-batch
+-----------------
+:func:`shuffled_batches` is the usual pipeline: every epoch a fresh random permutation
+(stateless, keyed by ``(seed, epoch)``) is cut into batches of ``batch_size``, so every
+example appears exactly once per epoch (minus the ``N mod batch_size`` left over when
+``drop_remainder=True``).  Its elements have the same ``(x, y, weight)`` structure, weights all
+1.  The Poisson-sampling epsilon does NOT hold for it: batches are neither independent across
+steps nor do examples join independently, so amplification by subsampling cannot be claimed.
+``tf_dpkit.budget`` accounts it as the unsubsampled Gaussian mechanism once per epoch.
+
+Data
+----
+``data`` is a tuple of arrays or tensors with equal first dimension ``N >= 1`` (e.g.
+``(x, y)``), or a single array.  Element ``t`` is ``(*arrays_gathered, weight)``: ``(x, y,
+weight)`` for ``(x, y)`` and ``(x, weight)`` for a single array (beware: Keras ``fit`` reads a
+2-tuple as ``(x, y)``).  The arrays are converted to tensors once and captured by the
+dataset's map function; batches are gathered from them, so the pipeline holds one copy of the
+data in memory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fractions
+import math
+import numbers
+from typing import Any
+
+import tensorflow as tf
+
+# Second seed words, so the Poisson and the shuffle pipelines draw unrelated streams even when
+# given the same seed.
+_POISSON_STREAM = 0x504F4953  # "POIS"
+_SHUFFLE_STREAM = 0x53485546  # "SHUF"
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_ALG = "philox"  # pinned, so batches do not depend on the device "auto_select" would pick
+
+
+def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
+  """Returns ``value`` as int after checking it is an integer (not bool) in [low, high]."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise ValueError(f"{name} must be an integer in [{low}, {'inf' if high is None else high}], "
+                     f"got {value!r}.")
+  value = int(value)
+  if value < low or (high is not None and value > high):
+    raise ValueError(f"{name} must be an integer in [{low}, {'inf' if high is None else high}], "
+                     f"got {value}.")
+  return value
+
+
+def _check_real(name: str, value: Any) -> float:
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    raise ValueError(f"{name} must be a real number, got {value!r}.")
+  return float(value)
+
+
+def _as_arrays(data) -> tuple[tuple[tf.Tensor, ...], int]:
+  """Converts ``data`` (a tuple of arrays, or one array) to tensors; returns them and ``N``."""
+  arrays = data if isinstance(data, tuple) else (data,)
+  if not arrays:
+    raise ValueError("data must be an array or a non-empty tuple of arrays, got an empty tuple.")
+  tensors = tuple(tf.convert_to_tensor(a) for a in arrays)
+  sizes = []
+  for i, t in enumerate(tensors):
+    if t.shape.rank is None or t.shape.rank < 1 or t.shape[0] is None:
+      raise ValueError(f"data[{i}] must have a known first (example) dimension, got shape "
+                       f"{t.shape}.")
+    sizes.append(int(t.shape[0]))
+  if len(set(sizes)) != 1:
+    raise ValueError("data: all arrays must have the same first dimension (number of "
+                     f"examples), got first dimensions {sizes}.")
+  if sizes[0] < 1:
+    raise ValueError("data must hold at least 1 example (first dimension >= 1), got 0.")
+  return tensors, sizes[0]
+
+
+def _seed_pair(seed: int, stream: int) -> tf.Tensor:
+  return tf.constant([seed, stream], dtype=tf.int64)
+
+
+def _gather(tensors, indices, weights):
+  return tuple(tf.gather(t, indices) for t in tensors) + (weights,)
+
+
+def _ceil_ratio(numerator: float, denominator: float) -> int:
+  """``ceil(numerator / denominator)``, forgiving float round-off of ~1e-9 relative."""
+  ratio = numerator / denominator
+  nearest = round(ratio)
+  if abs(ratio - nearest) <= 1e-9 * max(1.0, ratio):
+    return int(nearest)
+  return math.ceil(ratio)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoissonSampling:
+  """Poisson sampling of ``num_examples`` examples with probability ``sampling_probability``.
+
+  Attributes:
+    num_examples: ``N >= 1``, the number of training examples.
+    sampling_probability: ``q`` in ``(0, 1]``, each example's probability of joining each batch.
+    steps: number of batches (training steps), a positive integer.
+    seed: integer in ``[-2**63, 2**63 - 1]``; with ``steps`` it fixes every batch.
+
+  Build from an expected batch size with :meth:`from_expected_batch_size`.  Derived values:
+  :attr:`expected_batch_size` ``= qN`` (examples, a float), :attr:`steps_per_epoch`
+  ``= ceil(1/q)``, :attr:`realised_sampling_probability` ``= floor(q 2^64) / 2^64 <= q``.
+  """
+  num_examples: int
+  sampling_probability: float
+  steps: int
+  seed: int
+
+  def __post_init__(self):
+    n = _check_int("num_examples", self.num_examples, 1)
+    q = _check_real("sampling_probability", self.sampling_probability)
+    if not 0.0 < q <= 1.0:
+      raise ValueError(f"sampling_probability must be in (0, 1], got {q}.")
+    steps = _check_int("steps", self.steps, 1)
+    seed = _check_int("seed", self.seed, _INT64_MIN, _INT64_MAX)
+    object.__setattr__(self, "num_examples", n)
+    object.__setattr__(self, "sampling_probability", q)
+    object.__setattr__(self, "steps", steps)
+    object.__setattr__(self, "seed", seed)
+
+  @classmethod
+  def from_expected_batch_size(cls, num_examples: int, expected_batch_size: float, *, steps: int,
+                               seed: int) -> PoissonSampling:
+    """Sampling with ``q = expected_batch_size / num_examples``; needs ``0 < expected <= N``."""
+    n = _check_int("num_examples", num_examples, 1)
+    b = _check_real("expected_batch_size", expected_batch_size)
+    if not 0.0 < b <= n:
+      raise ValueError(f"expected_batch_size must be in (0, num_examples] = (0, {n}], got {b}.")
+    return cls(n, min(1.0, b / n), steps, seed)
+
+  @property
+  def expected_batch_size(self) -> float:
+    """``qN``: the mean batch size (examples); the DP step's normaliser."""
+    return self.sampling_probability * self.num_examples
+
+  @property
+  def steps_per_epoch(self) -> int:
+    """``ceil(N / (qN)) = ceil(1/q)``: steps whose expected batch sizes add up to >= N."""
+    return _ceil_ratio(1.0, self.sampling_probability)
+
+  @property
+  def inclusion_threshold(self) -> int:
+    """``floor(q * 2**64)`` (exact), or ``2**64`` for ``q = 1``: include iff ``u < threshold``."""
+    return math.floor(fractions.Fraction(self.sampling_probability) * 2**64)
+
+  @property
+  def realised_sampling_probability(self) -> float:
+    """``floor(q * 2**64) / 2**64``, the exact inclusion probability; ``q - 2**-64 < it <= q``."""
+    return float(fractions.Fraction(self.inclusion_threshold, 2**64))
+
+  def batch_indices(self, step) -> tuple[tf.Tensor, tf.Tensor]:
+    """Returns ``(indices, weights)`` of batch ``step`` (an int or int64 scalar tensor).
+
+    ``indices``: int64 ``[b]``, the selected example indices in ascending order;
+    ``weights``: float32 ``[b]``, all 1.  For an empty draw ``b = 1``, ``indices = [0]`` and
+    ``weights = [0.]``.  Works eagerly, in ``tf.function`` and in ``tf.data`` map functions.
+    """
+    step = tf.cast(step, tf.int64)
+    n = self.num_examples
+    if self.inclusion_threshold >= 2**64:  # q == 1: everyone, every step
+      selected = tf.ones([n], tf.bool)
+    else:
+      step_seed = tf.random.experimental.stateless_fold_in(
+          _seed_pair(self.seed, _POISSON_STREAM), step, alg=_ALG)
+      draws = tf.random.stateless_uniform([n], seed=step_seed, minval=None, maxval=None,
+                                          dtype=tf.uint64, alg=_ALG)
+      selected = draws < tf.constant(self.inclusion_threshold, tf.uint64)
+    chosen = tf.where(selected)[:, 0]
+    count = tf.size(chosen, out_type=tf.int64)
+    size = tf.maximum(count, 1)
+    indices = tf.concat([chosen, tf.zeros([1], tf.int64)], axis=0)[:size]
+    weights = tf.cast(tf.range(size) < count, tf.float32)
+    return indices, weights
+
+  def dataset(self, data) -> tf.data.Dataset:
+    """The ``tf.data.Dataset`` of :attr:`steps` Poisson batches of ``data`` (see module doc).
+
+    Element ``t``: ``(x[idx_t], y[idx_t], weight_t)`` for ``data = (x, y)``, with
+    ``idx_t, weight_t = self.batch_indices(t)``; batch dimension ``None`` in ``element_spec``.
+
+    Raises:
+      ValueError: ``data``'s number of examples is not :attr:`num_examples`, or ``data`` is
+        malformed (see :func:`poisson_batches`).
+    """
+    tensors, n = _as_arrays(data)
+    if n != self.num_examples:
+      raise ValueError(f"data has {n} examples (first dimension) but this PoissonSampling has "
+                       f"num_examples={self.num_examples}.")
+    return self._dataset(tensors)
+
+  def _dataset(self, tensors: tuple[tf.Tensor, ...]) -> tf.data.Dataset:
+    def element(step):
+      indices, weights = self.batch_indices(step)
+      return _gather(tensors, indices, weights)
+
+    return tf.data.Dataset.range(self.steps).map(
+        element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def poisson_batches(data, *, sampling_probability: float | None = None,
+                    expected_batch_size: float | None = None, steps: int,
+                    seed: int) -> tf.data.Dataset:
+  """A ``tf.data.Dataset`` of ``steps`` Poisson-sampled batches of ``data``.
+
+  Each batch includes every example independently with probability ``q`` (see module doc for
+  the exact construction and why it matches the accountants' assumption).
+
+  Args:
+    data: ``(x, y)`` (any tuple of arrays/tensors with equal first dimension ``N >= 1``) or a
+      single array.
+    sampling_probability: ``q`` in ``(0, 1]``.  Give exactly one of this and
+      ``expected_batch_size``.
+    expected_batch_size: ``qN`` in ``(0, N]`` (examples); sets ``q = expected_batch_size / N``.
+    steps: number of batches, a positive integer (e.g. ``epochs * steps_per_epoch``).
+    seed: integer in ``[-2**63, 2**63 - 1]``; batch ``t`` depends only on ``(seed, t)``.
+
+  Returns:
+    A dataset of ``steps`` elements ``(x_b, y_b, weight)`` (for a single array ``(x_b,
+    weight)``): ``x_b = x[idx]``, ``y_b = y[idx]`` for the selected indices ``idx`` in
+    ascending order, ``weight`` float32 ``[b]`` of ones; batch size ``b ~ Binomial(N, q)``,
+    variable, with ``None`` batch dimension in ``element_spec``.  An empty draw is emitted as
+    ``b = 1``: example 0 with weight 0.0.  Train with the per-example loss multiplied by
+    ``weight`` and normalise the noisy sum by ``qN`` (the expected batch size).
+
+  Raises:
+    ValueError: both or neither of ``sampling_probability`` / ``expected_batch_size``;
+      ``q`` not in ``(0, 1]``; ``expected_batch_size`` not in ``(0, N]``; ``steps`` not a
+      positive integer; ``seed`` not an int64 integer; arrays with different first dimensions.
+  """
+  if (sampling_probability is None) == (expected_batch_size is None):
+    raise ValueError("Give exactly one of sampling_probability (q in (0, 1]) and "
+                     "expected_batch_size (qN in (0, N]); got "
+                     f"sampling_probability={sampling_probability!r}, "
+                     f"expected_batch_size={expected_batch_size!r}.")
+  tensors, n = _as_arrays(data)
+  if expected_batch_size is not None:
+    sampling = PoissonSampling.from_expected_batch_size(n, expected_batch_size, steps=steps,
+                                                        seed=seed)
+  else:
+    sampling = PoissonSampling(n, sampling_probability, steps, seed)
+  return sampling._dataset(tensors)  # pylint: disable=protected-access
+
+
+def shuffled_batches(data, batch_size: int, epochs: int, seed: int,
+                     drop_remainder: bool = True) -> tf.data.Dataset:
+  """Shuffle-and-batch: each epoch, a fresh permutation of ``data`` cut into batches.
+
+  WARNING: the Poisson-sampling epsilon does NOT hold for this pipeline.  Examples do not join
+  batches independently with probability ``q`` (each sits in exactly one batch per epoch), so
+  no privacy amplification by subsampling may be claimed; account it as the unsubsampled
+  Gaussian mechanism once per epoch (``sampling="shuffle"`` in ``tf_dpkit.budget``).
+
+  Args:
+    data: ``(x, y)`` (any tuple of arrays/tensors with equal first dimension ``N >= 1``) or a
+      single array.
+    batch_size: examples per batch, an integer in ``[1, N]``.
+    epochs: number of passes, a positive integer.
+    seed: integer in ``[-2**63, 2**63 - 1]``; epoch ``e``'s permutation depends only on
+      ``(seed, e)``.
+    drop_remainder: drop the last ``N mod batch_size`` examples of each epoch's permutation
+      (a different random subset each epoch), giving ``N // batch_size`` full batches per epoch
+      and a static batch dimension; if False, ``ceil(N / batch_size)`` batches per epoch, the
+      last one smaller, and batch dimension ``None``.
+
+  Returns:
+    A dataset of ``epochs * batches_per_epoch`` elements ``(x_b, y_b, weight)`` (for a single
+    array ``(x_b, weight)``), ``weight`` float32 ``[b]`` of ones -- the same structure as
+    :func:`poisson_batches`, so training code can consume either.
+
+  Raises:
+    ValueError: ``batch_size`` not in ``[1, N]``, ``epochs`` not a positive integer, ``seed``
+      not an int64 integer, or arrays with different first dimensions.
+  """
+  tensors, n = _as_arrays(data)
+  batch_size = _check_int("batch_size", batch_size, 1, n)
+  epochs = _check_int("epochs", epochs, 1)
+  seed = _check_int("seed", seed, _INT64_MIN, _INT64_MAX)
+  base_seed = _seed_pair(seed, _SHUFFLE_STREAM)
+
+  def epoch_batches(epoch):
+    epoch_seed = tf.random.experimental.stateless_fold_in(base_seed, epoch, alg=_ALG)
+    order = tf.random.experimental.stateless_shuffle(
+        tf.range(n, dtype=tf.int64), seed=epoch_seed, alg=_ALG)
+    return tf.data.Dataset.from_tensor_slices(order).batch(batch_size,
+                                                           drop_remainder=drop_remainder)
+
+  def element(indices):
+    return _gather(tensors, indices, tf.ones(tf.shape(indices), tf.float32))
+
+  return tf.data.Dataset.range(epochs).flat_map(epoch_batches).map(
+      element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+__all__ = ["PoissonSampling", "poisson_batches", "shuffled_batches"]
