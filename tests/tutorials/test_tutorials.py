@@ -1,0 +1,82 @@
+"""Each MNIST tutorial runs end to end on a small slice of real MNIST, trains, and prints the
+epsilon that ``analysis`` computes for the steps it took."""
+import math
+import os
+import re
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from analysis import pld_accountant, rdp_accountant
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN, TEST, BATCH, EPOCHS, DELTA = 512, 500, 64, 2, 1e-5
+SIGMA, CLIP = 1.1, 1.0
+
+
+def _run(script, *flags):
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+  cmd = [sys.executable, os.path.join(ROOT, "tutorials", script), f"--train_size={TRAIN}",
+         f"--test_size={TEST}", f"--batch_size={BATCH}", f"--epochs={EPOCHS}",
+         f"--noise_multiplier={SIGMA}", f"--l2_norm_clip={CLIP}", f"--delta={DELTA}", *flags]
+  result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  return result.stdout
+
+
+def _epochs(out):
+  return [dict(re.findall(r"(\w+)=([-\d.e+]+)", line)) for line in out.splitlines()
+          if line.startswith("epoch ")]
+
+
+def _final(out):
+  line = next(l for l in out.splitlines() if l.startswith("final:"))
+  return {k: float(v) for k, v in re.findall(r"(\w+)=([-\d.e+]+)", line)}
+
+
+def _expected_eps(q, sigma, steps):
+  orders = rdp_accountant.DEFAULT_ORDERS
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    rdp_eps = rdp_accountant.get_privacy_spent(
+        orders, rdp_accountant.compute_rdp(q, sigma, steps, orders), target_delta=DELTA)[0]
+  return rdp_eps, pld_accountant.compute_epsilon(q, sigma, steps, DELTA)
+
+
+@pytest.mark.parametrize("script, extra", [
+    ("mnist_dpsgd_tutorial.py", ["--learning_rate=0.5"]),
+    ("mnist_dpsgd_tutorial_eager.py", ["--learning_rate=0.01"]),
+    ("mnist_dpsgd_tutorial_v1.py", ["--learning_rate=0.5"]),
+])
+def test_tutorial_trains_and_reports_the_analysis_epsilon(script, extra):
+  out = _run(script, *extra)
+  epochs = _epochs(out)
+  assert len(epochs) == EPOCHS
+  final = _final(out)
+  steps = EPOCHS * (TRAIN // BATCH)
+  assert final["steps"] == steps
+  assert final["test_accuracy"] > 0.2  # chance is 0.1
+  first_loss = float(epochs[0].get("first_loss", epochs[0]["loss"]))
+  assert float(epochs[-1]["loss"]) < first_loss
+  rdp_eps, pld_eps = _expected_eps(BATCH / TRAIN, SIGMA, steps)
+  assert math.isclose(final["epsilon_rdp"], rdp_eps, rel_tol=1e-3)
+  assert math.isclose(final["epsilon_pld"], pld_eps, rel_tol=1e-3)
+  assert math.isclose(float(epochs[-1]["epsilon"]), final["epsilon_rdp"], rel_tol=1e-3)
+
+
+def test_shuffled_batches_report_epsilon_without_amplification():
+  out = _run("mnist_dpsgd_tutorial.py", "--sampling=shuffle", "--microbatches=16",
+             "--learning_rate=0.5")
+  final = _final(out)
+  assert "no amplification" in out
+  # Each example is in one batch per epoch; microbatches of 4 double the sensitivity.
+  rdp_eps, _ = _expected_eps(1.0, SIGMA / 2, EPOCHS)
+  assert math.isclose(final["epsilon_rdp"], rdp_eps, rel_tol=1e-3)
+
+
+def test_train_to_a_budget_stops_within_the_target():
+  out = _run("mnist_dpsgd_tutorial.py", "--target_epsilon=3.0", "--learning_rate=0.5")
+  assert "Train to a budget: noise_multiplier=" in out
+  assert _final(out)["epsilon_rdp"] <= 3.0

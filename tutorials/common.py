@@ -1,0 +1,108 @@
+"""Pieces shared by the MNIST tutorials: flags, data, the CNN, and the privacy report."""
+from __future__ import annotations
+
+import numpy as np
+from absl import flags
+
+from analysis import pld_accountant  # noqa: F401  (imported so a missing extra fails early)
+from tf_dpkit.budget import PrivacyAccountant
+from tf_dpkit.data import mnist
+
+FLAGS = flags.FLAGS
+
+
+def define_flags(default_learning_rate=0.15):
+  """Flags of the seed tutorial plus sampling, budget and slicing flags."""
+  flags.DEFINE_boolean("dpsgd", True, "Train with DP-SGD; --nodpsgd trains without privacy.")
+  flags.DEFINE_float("learning_rate", default_learning_rate, "Learning rate.")
+  flags.DEFINE_float("noise_multiplier", 1.1, "Noise std / clip norm.")
+  flags.DEFINE_float("l2_norm_clip", 1.0, "Per-microbatch clip norm.")
+  flags.DEFINE_integer("batch_size", 256, "(Expected) batch size.")
+  flags.DEFINE_integer("epochs", 60, "Number of epochs (N / batch_size steps each).")
+  flags.DEFINE_integer("microbatches", None,
+                       "Microbatches per batch; default: one per example. Needs --sampling=shuffle.")
+  flags.DEFINE_enum("sampling", "poisson", ["poisson", "shuffle"],
+                    "poisson: each example joins each batch with probability batch_size/N (the "
+                    "accountant's assumption). shuffle: shuffle-and-batch, accounted without "
+                    "amplification.")
+  flags.DEFINE_float("delta", 1e-5, "Delta at which epsilon is reported.")
+  flags.DEFINE_float("target_epsilon", None,
+                     "Train to a budget: pick the noise multiplier for this epsilon and stop "
+                     "before exceeding it.")
+  flags.DEFINE_integer("train_size", None, "Use only the first N training examples (tests).")
+  flags.DEFINE_integer("test_size", None, "Use only the first N test examples (tests).")
+  flags.DEFINE_integer("seed", 0, "Seed for sampling and initialisation.")
+
+
+def load_mnist():
+  """Returns float32 images in [0, 1] with a channel axis and int32 labels, sliced by flags."""
+  (x_train, y_train), (x_test, y_test) = mnist.load()
+  x_train, y_train = x_train[:FLAGS.train_size], y_train[:FLAGS.train_size]
+  x_test, y_test = x_test[:FLAGS.test_size], y_test[:FLAGS.test_size]
+  prep = lambda x: (x.astype(np.float32) / 255.0)[..., None]
+  return (prep(x_train), y_train.astype(np.int32)), (prep(x_test), y_test.astype(np.int32))
+
+
+def steps_per_epoch(n):
+  """Steps per epoch: N // batch_size (full batches; Poisson batches have this many in expectation)."""
+  return max(1, n // FLAGS.batch_size)
+
+
+def validate_flags():
+  if FLAGS.microbatches is not None and FLAGS.sampling == "poisson":
+    raise flags.ValidationError(
+        "--microbatches needs --sampling=shuffle: Poisson batches have variable size, so they "
+        "are clipped per example.")
+
+
+def noise_multiplier(n):
+  """The flag's noise multiplier, or the calibrated one when --target_epsilon is given."""
+  if FLAGS.target_epsilon is None:
+    return FLAGS.noise_multiplier
+  from tf_dpkit.budget import noise_multiplier_for_budget  # pylint: disable=g-import-not-at-top
+  sigma = noise_multiplier_for_budget(FLAGS.target_epsilon, FLAGS.delta, n, FLAGS.batch_size,
+                                      FLAGS.epochs)
+  print(f"Train to a budget: noise_multiplier={sigma:.4f} meets epsilon={FLAGS.target_epsilon} "
+        f"at delta={FLAGS.delta} for {FLAGS.epochs} epochs.")
+  return sigma
+
+
+def record_steps(accountant, n, sigma, steps):
+  """Records ``steps`` steps of this run's sampling in ``accountant``."""
+  microbatch_size = 1
+  if FLAGS.microbatches:
+    microbatch_size = FLAGS.batch_size // FLAGS.microbatches
+  accountant.record(FLAGS.batch_size / n, sigma, steps, sampling=FLAGS.sampling,
+                    microbatch_size=microbatch_size, steps_per_epoch=steps_per_epoch(n))
+
+
+def sampling_note():
+  if FLAGS.sampling == "poisson":
+    return "Poisson sampling (the accountant's assumption holds)"
+  return "shuffle-and-batch: no amplification by sampling claimed (q=1 per epoch)"
+
+
+def print_final_report(accountant: PrivacyAccountant, test_accuracy: float):
+  """Prints epsilon from RDP and PLD for what was recorded, in one parseable line."""
+  state = accountant.state_dict()
+  rdp = PrivacyAccountant.from_state_dict({**state, "accountant": "rdp"}).epsilon()
+  pld = PrivacyAccountant.from_state_dict({**state, "accountant": "pld"}).epsilon()
+  print(f"final: steps={accountant.steps} test_accuracy={test_accuracy:.4f} "
+        f"epsilon_rdp={rdp:.4f} epsilon_pld={pld:.4f} delta={accountant.delta:g} "
+        f"sampling={FLAGS.sampling}")
+  print(f"Trained with {sampling_note()}: ({rdp:.2f}, {accountant.delta:g})-DP by RDP accounting, "
+        f"({pld:.2f}, {accountant.delta:g})-DP by PLD accounting.")
+
+
+def cnn_layers(keras):
+  """The seed tutorial's CNN."""
+  return [
+      keras.Input((28, 28, 1)),
+      keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
+      keras.layers.MaxPool2D(2, 1),
+      keras.layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),
+      keras.layers.MaxPool2D(2, 1),
+      keras.layers.Flatten(),
+      keras.layers.Dense(32, activation="relu"),
+      keras.layers.Dense(10),
+  ]
