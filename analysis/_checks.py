@@ -101,3 +101,29 @@ def check_same_length(**sequences) -> int:
     described = ", ".join(f"{name} has {n}" for name, n in lengths.items())
     raise ValueError(f"Sequences must have the same length: {described}.")
   return next(iter(lengths.values()), 0)
+
+
+def check_orders(name: str, orders) -> tuple[np.ndarray, bool]:
+  """Returns ``(orders as a 1-D float array, whether a scalar was given)``.
+
+  Accepts one real number or a list, tuple or 1-D array of them.  Every order must be a real,
+  non-NaN number in (1, inf]: order 1 itself (the KL limit) and anything below it are rejected.
+  """
+  if isinstance(orders, (list, tuple)) or (isinstance(orders, np.ndarray) and orders.ndim == 1):
+    values = [check_real(f"{name}[{i}]", v) for i, v in enumerate(orders)]
+    scalar = False
+  else:
+    values = [check_real(name, orders)]
+    scalar = True
+  for i, v in enumerate(values):
+    if not v > 1.0:
+      where = name if scalar else f"{name}[{i}]"
+      raise ValueError(f"{where} must be a Renyi order in (1, inf], got {_describe(v)}.")
+  return np.asarray(values, dtype=np.float64), scalar
+
+
+def check_choice(name: str, value, choices) -> str:
+  """Returns ``value``; requires it to be one of the strings in ``choices``."""
+  if not isinstance(value, str) or value not in choices:
+    raise ValueError(f"{name} must be one of {sorted(choices)}, got {_describe(value)}.")
+  return value
