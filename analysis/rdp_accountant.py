@@ -1,0 +1,548 @@
+"""Renyi-DP accounting for DP-SGD: the (sub)sampled Gaussian mechanism and RDP -> (eps, delta).
+
+Units and conventions
+---------------------
+* ``noise_multiplier`` (sigma) is the standard deviation of the Gaussian noise divided by the
+  L2 sensitivity of the noised sum (for DP-SGD with per-example clipping norm C and
+  add-or-remove-one adjacency the sensitivity is C).  Allowed range [0, inf]; 0 means no noise.
+* ``q`` is the sampling probability (Poisson: each example independently with probability q;
+  without replacement: batch size / dataset size).  Range [0, 1].
+* ``steps`` is an integer >= 0; RDP composes additively over steps.
+* Orders alpha are reals in (1, inf].  RDP values (and epsilon) are in nats.
+
+Poisson-subsampled Gaussian (add-or-remove-one adjacency)
+---------------------------------------------------------
+With mu0 = N(0, s^2), mu1 = N(1, s^2) and mu = (1 - q) mu0 + q mu1, the RDP of one step at order
+alpha is D_alpha(mu || mu0) = log(A_alpha) / (alpha - 1) with
+
+    A_alpha = E_{z ~ mu0}[((1 - q) + q exp((2z - 1) / (2 s^2)))^alpha]             (A)
+
+(Mironov, Talwar & Zhang 2019, "Renyi Differential Privacy of the Sampled Gaussian Mechanism",
+who show this direction dominates the reverse one; it is the quantity TF Privacy and
+dp_accounting compute).
+
+* Integer alpha: the binomial expansion is exact and has only non-negative terms,
+
+    A_alpha - 1 = sum_{k=2}^{alpha} C(alpha, k) (1 - q)^(alpha - k) q^k (exp((k^2 - k) / (2 s^2)) - 1),
+
+  summed in log space (so A_alpha - 1 keeps full relative precision even when it is 1e-12).
+* Fractional alpha: split (A) at z0 = s^2 log(1/q - 1) + 1/2, where the two summands are equal,
+  and expand the binomial in the smaller/larger ratio on each side (same paper, Sec. 3.3):
+
+    A_alpha = sum_{k>=0} C(alpha, k) [ (1-q)^(alpha-k) q^k   exp((k^2 - k)/(2s^2)) Phi((z0 - k)/s)
+                                      + q^(alpha-k) (1-q)^k exp((j^2 - j)/(2s^2)) Phi((j - z0)/s) ],
+    j = alpha - k.
+
+  For k >= ceil(alpha) the generalized binomial coefficients alternate in sign,
+  sign C(alpha, k) = (-1)^(k - ceil(alpha)), and both kinds of term decrease in magnitude
+  (|C(alpha, k+1) / C(alpha, k)| = (k - alpha) / (k + 1) < 1, and the integrals are of
+  u^k phi with 0 <= u <= 1).  By the alternating-series bound, stopping the sum just before a
+  negative term leaves a remainder in [that term, 0]: the partial sum is an UPPER bound on
+  A_alpha, off by at most the first omitted term.  We stop at the first such index where that
+  term is below a tolerance (1e-10 of A_alpha - 1, floored near double-precision round-off), or
+  at ``_MAX_FRAC_TERMS`` terms (still an upper bound, only looser).  A first-order bound on the
+  floating-point error of the terms and of the sum is added on top.
+* Every fractional result is also capped by the log-convex interpolation between the
+  neighbouring integer orders: alpha -> log A_alpha is convex (Lyapunov/Hoelder) and
+  log A_1 = 0, so log A_alpha <= (c - alpha) log A_f + (alpha - f) log A_c with f, c the floor
+  and ceiling.  Both are upper bounds, so their minimum is one; the series wins whenever it
+  converged, the interpolation only where the series had to stop early (e.g. sigma ~ 1e4,
+  where A_alpha - 1 ~ 1e-9 drowns in round-off of terms of size ~1).
+
+Sampling without replacement (replace-one adjacency)
+----------------------------------------------------
+Fixed-size batches, q = batch size / dataset size; Wang, Balle & Kasiviswanathan (2019),
+"Subsampled Renyi Differential Privacy and Analytical Moments Accountant", Theorem 9 with the
+Gaussian base mechanism eps(j) = j / (2 s^2), eps(inf) = inf, for integer alpha >= 2:
+
+    (alpha - 1) eps_S(alpha) <= log(1 + q^2 C(alpha, 2) min(4 (e^{eps(2)} - 1), 2 e^{eps(2)})
+                                    + sum_{j=3}^{alpha} q^j C(alpha, j) 2 e^{(j - 1) eps(j)}),
+
+also capped by the unsampled Gaussian's alpha / (2 s^2) (subsampling never hurts: joint
+convexity).  Here ``noise_multiplier`` is relative to the replace-one sensitivity (2C for
+DP-SGD with clipping norm C).  Fractional alpha: (alpha - 1) eps(alpha) is convex in alpha, so
+the linear interpolation of the integer-order bounds on (alpha - 1) eps at floor(alpha) and
+ceil(alpha) is an upper bound (WBK19 Corollary 10; at floor 1 the value is 0).  dp_accounting
+additionally takes the minimum with the forward-difference bound of WBK19 Theorem 27, so its
+values can be smaller than ours (ours are never below it); that refinement is not implemented.
+
+RDP -> (eps, delta)
+-------------------
+Tight conversion (Balle, Barthe, Gaboardi, Hsu & Sato 2020, Thm 21; Asoodeh et al. 2020):
+
+    eps(alpha)   = rdp + log1p(-1/alpha) - (log(delta) + log(alpha)) / (alpha - 1),
+    delta(alpha) = exp((alpha - 1) (rdp - eps + log1p(-1/alpha)) - log(alpha)),
+
+minimised over the given orders; together with the KL bound delta(0) <= sqrt(1 - exp(-rdp))
+(Bretagnolle-Huber; KL <= D_alpha) as dp_accounting does.  eps is clamped to >= 0, delta to <= 1.
+
+No TensorFlow import; numpy and scipy only.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Sequence
+
+import numpy as np
+from scipy import optimize, special
+
+from analysis._checks import (check_count, check_delta, check_nonnegative, check_orders,
+                              check_probability, check_real, check_same_length)
+
+__all__ = [
+    "DEFAULT_ORDERS",
+    "OrderAtBoundaryWarning",
+    "compute_rdp",
+    "compute_rdp_sample_without_replacement",
+    "compute_heterogeneous_rdp",
+    "get_privacy_spent",
+    "get_privacy_spent_optimal_order",
+]
+
+#: Orders used when none are given: 1.25, 1.5, ..., 10.5; 11, 12, ..., 64; 128, 256, 512, 1024.
+DEFAULT_ORDERS: tuple[float, ...] = tuple(
+    [1.0 + x / 4.0 for x in range(1, 39)] + [float(a) for a in range(11, 65)]
+    + [128.0, 256.0, 512.0, 1024.0])
+
+_EPS = np.finfo(np.float64).eps
+_MAX_FRAC_TERMS = 1 << 16  # cap on the series length per fractional order (then interpolation)
+_FRAC_REL_TOL = 1e-10      # series truncation target, relative to A_alpha - 1
+_MAX_SEARCH_ORDER = 1e4    # upper end of the continuous order search
+
+
+class OrderAtBoundaryWarning(UserWarning):
+  """The optimal Renyi order is the first or last order given: widen the list of orders."""
+
+
+# ------------------------------------------------------------------------------------------
+# Poisson-subsampled Gaussian: log A_alpha.
+
+
+def _log_expm1(x: np.ndarray) -> np.ndarray:
+  """log(exp(x) - 1) for x > 0, without overflow or cancellation."""
+  x = np.asarray(x, dtype=np.float64)
+  small = x < 30.0
+  out = np.empty_like(x)
+  out[small] = np.log(np.expm1(x[small]))
+  out[~small] = x[~small] + np.log1p(-np.exp(-x[~small]))
+  return out
+
+
+def _log_a_int(q: float, s: float, alpha: int) -> float:
+  """Upper bound (exact up to a ~1e-13 round-off allowance) on log A_alpha, integer alpha >= 2."""
+  k = np.arange(2, alpha + 1, dtype=np.float64)
+  log_q, log_1mq = math.log(q), math.log1p(-q)
+  log_binom = special.gammaln(alpha + 1.0) - special.gammaln(k + 1.0) - special.gammaln(
+      alpha - k + 1.0)
+  expo = (k * k - k) / (2.0 * s * s)
+  pieces = log_binom + (alpha - k) * log_1mq + k * log_q
+  log_terms = pieces + _log_expm1(expo)
+  log_am1 = special.logsumexp(log_terms)
+  # Round-off: each log term has absolute error <~ eps * (sum of magnitudes of its parts).
+  scale = (special.gammaln(alpha + 1.0) + np.abs(pieces) + expo).max() + alpha
+  log_am1 += 8.0 * _EPS * scale
+  return float(np.logaddexp(0.0, log_am1))
+
+
+def _frac_terms(q: float, s: float, alpha: float, k: np.ndarray):
+  """Log-magnitudes, signs and round-off scales (per series) of the terms at indices ``k``."""
+  log_q, log_1mq = math.log(q), math.log1p(-q)
+  z0 = s * s * (log_1mq - log_q) + 0.5
+  j = alpha - k
+  log_abs_binom = (special.gammaln(alpha + 1.0) - special.gammaln(k + 1.0)
+                   - special.gammaln(j + 1.0))  # gammaln is log|Gamma|
+  n = math.ceil(alpha)
+  sign = np.where(k <= n, 1.0, np.where((k - n) % 2 == 0, 1.0, -1.0))
+  e0 = (k * k - k) / (2.0 * s * s)
+  e1 = (j * j - j) / (2.0 * s * s)
+  p0 = j * log_1mq + k * log_q
+  p1 = j * log_q + k * log_1mq
+  c0 = special.log_ndtr((z0 - k) / s)
+  c1 = special.log_ndtr((j - z0) / s)
+  log0 = log_abs_binom + p0 + e0 + c0
+  log1 = log_abs_binom + p1 + e1 + c1
+  common = special.gammaln(alpha + 1.0) + np.abs(log_abs_binom) + 16.0
+  scale0 = common + np.abs(p0) + e0 + np.abs(c0)
+  scale1 = common + np.abs(p1) + e1 + np.abs(c1)
+  return log0, log1, sign, scale0, scale1
+
+
+def _log_a_frac_series(q: float, s: float, alpha: float, log_tol: float) -> float:
+  """Upper bound on log A_alpha by the two-series expansion, fractional alpha > 1.
+
+  Sums terms k = 0 .. K-1 where K - ceil(alpha) is odd (so the first omitted terms are
+  negative and the partial sum is >= A_alpha) and the first omitted terms have magnitude
+  below exp(log_tol), or K is the largest such index below ``_MAX_FRAC_TERMS``.  Adds a
+  first-order bound on the floating-point error of the terms and of their sum.
+  """
+  n = math.ceil(alpha)
+  size = n + 64
+  while True:
+    k = np.arange(size, dtype=np.float64)
+    log0, log1, sign, scale0, scale1 = _frac_terms(q, s, alpha, k)
+    mag = np.logaddexp(log0, log1)  # log(|t0_k| + |t1_k|)
+    cand = np.arange(n + 1, size, 2)  # stopping indices: K >= n + 1 with K - n odd
+    ok = cand[mag[cand] <= log_tol]
+    if ok.size or size >= _MAX_FRAC_TERMS:
+      stop = int(ok[0]) if ok.size else int(cand[-1])
+      break
+    size = min(2 * size, _MAX_FRAC_TERMS)
+  log_t = np.concatenate([log0[:stop], log1[:stop]])
+  sgn = np.concatenate([sign[:stop], sign[:stop]])
+  sc = np.concatenate([scale0[:stop], scale1[:stop]])
+  shift = float(log_t.max())
+  weights = np.exp(log_t - shift)
+  total = math.fsum(sgn * weights)  # correctly rounded sum of the computed terms
+  # Round-off: term k carries relative error <~ eps * scale_k (its log is a sum of parts of
+  # that total magnitude, and exp adds a few ulps); fsum adds half an ulp of the total.
+  allowance = 4.0 * _EPS * (float(np.sum(weights * sc)) + abs(total))
+  upper = total + allowance
+  if not upper > 0.0:
+    return math.inf
+  return shift + math.log(upper)
+
+
+def _log_a(q: float, s: float, alpha: float) -> float:
+  """log A_alpha (an upper bound, see module doc) for 0 < q < 1, 0 < s < inf, 1 < alpha < inf."""
+  if float(alpha).is_integer():
+    return _log_a_int(q, s, int(alpha))
+  f, c = math.floor(alpha), math.ceil(alpha)
+  log_f = 0.0 if f == 1 else _log_a_int(q, s, f)
+  log_c = _log_a_int(q, s, c)
+  interp = (c - alpha) * log_f + (alpha - f) * log_c
+  # Truncation target: 1e-10 of A_alpha - 1 (estimated by the interpolation bound, within a
+  # small factor of it), but not below ~1e-15 of A_alpha, where round-off dominates anyway.
+  log_rel = math.log(_FRAC_REL_TOL) + float(_log_expm1(np.array([interp]))[0]) if interp > 0 \
+      else -math.inf
+  log_tol = max(log_rel, math.log(1e-15) + interp)
+  return min(_log_a_frac_series(q, s, alpha, log_tol), interp)
+
+
+def _rdp_one_step(q: float, s: float, alpha: float) -> float:
+  if q == 0.0 or s == math.inf:
+    return 0.0
+  if s == 0.0 or alpha == math.inf:
+    return math.inf
+  if q == 1.0:
+    return alpha / (2.0 * s * s)
+  return max(_log_a(q, s, alpha) / (alpha - 1.0), 0.0)
+
+
+def _finish(values: list[float], scalar: bool):
+  if scalar:
+    return float(values[0])
+  return np.asarray(values, dtype=np.float64)
+
+
+def _scale_by_steps(rdp: float, steps: int) -> float:
+  if steps == 0 or rdp == 0.0:
+    return 0.0
+  return rdp * steps
+
+
+def compute_rdp(q: float, noise_multiplier: float, steps: int, orders):
+  """RDP of ``steps`` compositions of the Poisson-subsampled Gaussian mechanism.
+
+  Add-or-remove-one adjacency.  For each order alpha returns
+  ``steps * log(A_alpha) / (alpha - 1)`` (nats) with A_alpha as in the module docstring:
+  exact at integer orders (binomial expansion, log space), an upper bound within ~1e-10
+  relative of the exact value at fractional orders (two-series expansion with a bounded,
+  added truncation remainder), never below the true RDP.
+
+  Args:
+    q: Poisson sampling probability, in [0, 1].
+    noise_multiplier: noise std / L2 sensitivity, in [0, inf].
+    steps: number of steps, an integer >= 0 (e.g. up to 1e8).
+    orders: one order or a list/tuple/1-D array of orders, each in (1, inf].
+
+  Returns:
+    A float for a scalar ``orders``, else an ``np.ndarray`` of the same length, with values in
+    [0, inf]: 0 for q = 0 or steps = 0 or noise_multiplier = inf; ``steps * alpha / (2 s^2)``
+    for q = 1; inf for noise_multiplier = 0 (q > 0) and for alpha = inf.
+
+  Raises:
+    ValueError: q outside [0, 1], negative or NaN noise_multiplier, a non-integer or negative
+      ``steps``, or an order <= 1 or NaN.
+  """
+  q = check_probability("q", q)
+  s = check_nonnegative("noise_multiplier", noise_multiplier)
+  steps = check_count("steps", steps, minimum=0)
+  alphas, scalar = check_orders("orders", orders)
+  return _finish([_scale_by_steps(_rdp_one_step(q, s, float(a)), steps) for a in alphas], scalar)
+
+
+# ------------------------------------------------------------------------------------------
+# Sampling without replacement.
+
+
+def _wor_log_moment_int(q: float, s: float, alpha: int) -> float:
+  """WBK19 Thm 9 bound on (alpha - 1) eps_S(alpha) for the Gaussian, integer alpha >= 2."""
+  if alpha == 1:
+    return 0.0
+  eps2 = 1.0 / (s * s)
+  log_q = math.log(q)
+  j = np.arange(2, alpha + 1, dtype=np.float64)
+  log_binom = special.gammaln(alpha + 1.0) - special.gammaln(j + 1.0) - special.gammaln(
+      alpha - j + 1.0)
+  log_terms = log_binom + j * log_q + math.log(2.0) + (j - 1.0) * j / (2.0 * s * s)
+  # j = 2: min(4 (e^{eps(2)} - 1), 2 e^{eps(2)}).
+  log_terms[0] = log_binom[0] + 2.0 * log_q + min(
+      math.log(4.0) + float(_log_expm1(np.array([eps2]))[0]), math.log(2.0) + eps2)
+  log_sum = special.logsumexp(log_terms)
+  scale = (special.gammaln(alpha + 1.0) + np.abs(log_terms)).max() + alpha
+  log_sum += 8.0 * _EPS * scale
+  bound = float(np.logaddexp(0.0, log_sum))
+  return min(bound, (alpha - 1.0) * alpha / (2.0 * s * s))
+
+
+def _wor_one_step(q: float, s: float, alpha: float) -> float:
+  if q == 0.0 or s == math.inf:
+    return 0.0
+  if s == 0.0 or alpha == math.inf:
+    return math.inf
+  if q == 1.0:
+    return alpha / (2.0 * s * s)
+  if float(alpha).is_integer():
+    return _wor_log_moment_int(q, s, int(alpha)) / (alpha - 1.0)
+  f, c = math.floor(alpha), math.ceil(alpha)
+  t = alpha - f
+  moment = (1.0 - t) * _wor_log_moment_int(q, s, f) + t * _wor_log_moment_int(q, s, c)
+  return moment / (alpha - 1.0)
+
+
+def compute_rdp_sample_without_replacement(q: float, noise_multiplier: float, steps: int,
+                                           orders):
+  """RDP upper bound of ``steps`` Gaussian steps on fixed-size batches sampled without replacement.
+
+  Replace-one adjacency; Wang, Balle & Kasiviswanathan (2019) Theorem 9 at integer orders
+  >= 2 (capped by the unsampled Gaussian's alpha / (2 s^2)), and at fractional orders the
+  linear interpolation of (alpha - 1) * eps between floor(alpha) and ceil(alpha), which is an
+  upper bound because (alpha - 1) * eps(alpha) is convex in alpha (at floor 1 it is 0).
+
+  Args:
+    q: batch size / dataset size, in [0, 1].
+    noise_multiplier: noise std / replace-one L2 sensitivity (2C for DP-SGD with clipping norm
+      C), in [0, inf].
+    steps: integer >= 0.
+    orders: one order or a sequence of orders, each in (1, inf].
+
+  Returns:
+    Float for a scalar order, else ``np.ndarray``; nats, in [0, inf].  q = 0 gives 0; q = 1
+    gives ``steps * alpha / (2 s^2)``; noise 0 (q > 0) or alpha = inf gives inf.
+
+  Raises:
+    ValueError: as :func:`compute_rdp`.
+  """
+  q = check_probability("q", q)
+  s = check_nonnegative("noise_multiplier", noise_multiplier)
+  steps = check_count("steps", steps, minimum=0)
+  alphas, scalar = check_orders("orders", orders)
+  return _finish([_scale_by_steps(_wor_one_step(q, s, float(a)), steps) for a in alphas], scalar)
+
+
+def compute_heterogeneous_rdp(sampling_probabilities: Sequence[float],
+                              noise_multipliers: Sequence[float], steps_list: Sequence[int],
+                              orders):
+  """RDP of consecutive Poisson-subsampled Gaussian phases: the sum of their compute_rdp.
+
+  Phase i runs ``steps_list[i]`` steps with ``sampling_probabilities[i]`` in [0, 1] and
+  ``noise_multipliers[i]`` in [0, inf].  RDP composes additively, so the result at each order
+  is sum_i compute_rdp(q_i, s_i, T_i, alpha) (nats).  Empty lists give 0.
+
+  Returns:
+    Float for a scalar order, else ``np.ndarray``.
+
+  Raises:
+    ValueError: sequences of different lengths (or not sequences), or any per-phase argument
+      out of range (the message names e.g. ``noise_multipliers[2]``), or a bad order.
+  """
+  count = check_same_length(sampling_probabilities=sampling_probabilities,
+                            noise_multipliers=noise_multipliers, steps_list=steps_list)
+  alphas, scalar = check_orders("orders", orders)
+  total = np.zeros(alphas.shape, dtype=np.float64)
+  for i in range(count):
+    q = check_probability(f"sampling_probabilities[{i}]", sampling_probabilities[i])
+    s = check_nonnegative(f"noise_multipliers[{i}]", noise_multipliers[i])
+    steps = check_count(f"steps_list[{i}]", steps_list[i], minimum=0)
+    total += np.array([_scale_by_steps(_rdp_one_step(q, s, float(a)), steps) for a in alphas])
+  return _finish(list(total), scalar)
+
+
+# ------------------------------------------------------------------------------------------
+# Conversion to (eps, delta).
+
+
+def _eps_at(alpha: float, rdp: float, log_delta: float) -> float:
+  """Tight conversion at one order; inf where rdp is inf.  Not clamped."""
+  if rdp == math.inf or alpha == math.inf:
+    return math.inf
+  eps = rdp + math.log1p(-1.0 / alpha) - (log_delta + math.log(alpha)) / (alpha - 1.0)
+  # KL route: delta(0) <= sqrt(1 - exp(-KL)) <= sqrt(1 - exp(-rdp)), so eps = 0 suffices.
+  if rdp == 0.0 or 0.5 * math.log(-math.expm1(-rdp)) <= log_delta:
+    eps = min(eps, 0.0)
+  return eps
+
+
+def _log_delta_at(alpha: float, rdp: float, eps: float) -> float:
+  """Tight conversion at one order (log delta, not clamped); inf where rdp is inf."""
+  if rdp == math.inf or alpha == math.inf:
+    return math.inf
+  log_delta = (alpha - 1.0) * (rdp - eps + math.log1p(-1.0 / alpha)) - math.log(alpha)
+  kl = 0.5 * math.log(-math.expm1(-rdp)) if rdp > 0 else -math.inf
+  return min(log_delta, kl)
+
+
+def _check_targets(target_eps, target_delta):
+  if (target_eps is None) == (target_delta is None):
+    raise ValueError("Exactly one of target_eps and target_delta must be given "
+                     f"(got target_eps={target_eps!r}, target_delta={target_delta!r}).")
+  if target_delta is not None:
+    return None, check_delta("target_delta", target_delta)
+  eps = check_nonnegative("target_eps", target_eps)
+  return eps, None
+
+
+def _best(orders: np.ndarray, rdp: np.ndarray, target_eps, target_delta):
+  """(eps, delta, optimal order, index) over the orders, or index None if all are inf."""
+  if target_delta is not None:
+    log_delta = math.log(target_delta)
+    values = [_eps_at(float(a), float(r), log_delta) for a, r in zip(orders, rdp)]
+  else:
+    values = [_log_delta_at(float(a), float(r), target_eps) for a, r in zip(orders, rdp)]
+  finite = [i for i, v in enumerate(values) if v != math.inf]
+  if not finite:
+    if target_delta is not None:
+      return math.inf, target_delta, None, None
+    return target_eps, 1.0, None, None
+  best = min(finite, key=lambda i: values[i])
+  if target_delta is not None:
+    return max(values[best], 0.0), target_delta, float(orders[best]), best
+  return target_eps, min(math.exp(values[best]), 1.0), float(orders[best]), best
+
+
+def get_privacy_spent(orders, rdp, target_eps: float | None = None,
+                      target_delta: float | None = None):
+  """Converts RDP at several orders to (eps, delta)-DP, choosing the best order.
+
+  Uses the tight conversion (Balle et al. 2020, Thm 21; Asoodeh et al. 2020): at order alpha,
+
+    eps   = rdp + log1p(-1/alpha) - (log(delta) + log(alpha)) / (alpha - 1),
+    delta = exp((alpha - 1) (rdp - eps + log1p(-1/alpha)) - log(alpha)),
+
+  and the KL bound delta <= sqrt(1 - exp(-rdp)) valid at every eps >= 0; the minimum over the
+  orders is returned.  Orders whose RDP is inf are skipped.
+
+  Args:
+    orders: sequence of orders, each in (1, inf].
+    rdp: sequence of RDP values (nats, in [0, inf]), same length as ``orders``.
+    target_eps: give this (>= 0) to get the smallest delta, or
+    target_delta: give this (in (0, 1)) to get the smallest eps.  Exactly one of the two.
+
+  Returns:
+    ``(eps, delta, optimal_order)``.  eps >= 0 (inf if every rdp is inf); delta in [0, 1];
+    optimal_order is the order attaining the optimum, or None if every rdp is inf.  The
+    given target is returned unchanged in its slot.
+
+  Warns:
+    OrderAtBoundaryWarning: when the optimum is at the first or last order of a list of two or
+      more (and the result is not already eps = 0 / delta = 0): a wider list may do better.
+
+  Raises:
+    ValueError: both or neither target, target_delta outside (0, 1), target_eps < 0 or NaN,
+      mismatched lengths, an order <= 1, or an rdp value that is negative or NaN.
+  """
+  target_eps, target_delta = _check_targets(target_eps, target_delta)
+  if isinstance(orders, (int, float, np.floating, np.integer)):
+    orders = [orders]
+  if isinstance(rdp, (int, float, np.floating, np.integer)):
+    rdp = [rdp]
+  check_same_length(orders=orders, rdp=rdp)
+  alphas, _ = check_orders("orders", list(orders))
+  values = np.empty(len(rdp), dtype=np.float64)
+  for i, r in enumerate(rdp):
+    r = check_real(f"rdp[{i}]", r)
+    if r < 0.0:
+      raise ValueError(f"rdp[{i}] must be in [0, inf], got {r!r}.")
+    values[i] = r
+  if alphas.size == 0:
+    raise ValueError("orders must not be empty.")
+  eps, delta, order, index = _best(alphas, values, target_eps, target_delta)
+  trivial = (eps == 0.0) if target_delta is not None else (delta == 0.0)
+  if (index is not None and alphas.size > 1 and not trivial
+      and index in (0, alphas.size - 1)):
+    where = "first" if index == 0 else "last"
+    warnings.warn(
+        f"The optimal Renyi order {order:g} is the {where} of the orders given; a wider range "
+        "of orders may give a smaller bound.", OrderAtBoundaryWarning, stacklevel=2)
+  return eps, delta, order
+
+
+# ------------------------------------------------------------------------------------------
+# Continuous order search.
+
+
+def get_privacy_spent_optimal_order(q: float, noise_multiplier: float, steps: int, *,
+                                    target_eps: float | None = None,
+                                    target_delta: float | None = None, orders=None):
+  """(eps, delta, order) for the Poisson-subsampled Gaussian with the order optimised over reals.
+
+  First evaluates the grid ``orders`` (default :data:`DEFAULT_ORDERS`) as
+  :func:`get_privacy_spent` does; then minimises eps (or log delta) over real alpha in the
+  bracket around the best grid order (extended down towards 1, or up to 1e4, when the best
+  order is at an end of the grid) with a bounded scalar search in u = log(alpha - 1).  The
+  candidate is re-evaluated with the sound :func:`compute_rdp` at the returned order, and the
+  better of the grid answer and the continuous one is returned, so the result is never worse
+  than the grid's and is a valid (eps, delta)-DP guarantee.
+
+  Args:
+    q: sampling probability in [0, 1]; noise_multiplier: in [0, inf]; steps: integer >= 0.
+    target_eps: eps >= 0 for which to minimise delta, or target_delta in (0, 1) for which to
+      minimise eps.  Exactly one.
+    orders: grid of orders (each in (1, inf]); default DEFAULT_ORDERS.
+
+  Returns:
+    ``(eps, delta, optimal_order)`` as in :func:`get_privacy_spent` (order None if every
+    order gives inf).
+
+  Raises:
+    ValueError: as :func:`compute_rdp` and :func:`get_privacy_spent`.
+  """
+  q = check_probability("q", q)
+  s = check_nonnegative("noise_multiplier", noise_multiplier)
+  steps = check_count("steps", steps, minimum=0)
+  target_eps, target_delta = _check_targets(target_eps, target_delta)
+  grid, _ = check_orders("orders", list(DEFAULT_ORDERS if orders is None else orders))
+  grid = np.sort(grid)
+  rdp = compute_rdp(q, s, steps, grid)
+  eps, delta, order, index = _best(grid, rdp, target_eps, target_delta)
+  if index is None or (eps == 0.0 if target_delta is not None else delta == 0.0):
+    return eps, delta, order
+  finite_grid = grid[np.isfinite(grid)]
+  lo = grid[index - 1] if index > 0 else 1.0 + (grid[0] - 1.0) * 1e-3
+  hi = grid[index + 1] if index + 1 < grid.size else max(_MAX_SEARCH_ORDER, grid[index])
+  if not math.isfinite(hi):
+    hi = max(_MAX_SEARCH_ORDER, float(finite_grid.max(initial=2.0)))
+  if not math.isfinite(lo) or hi <= lo:
+    return eps, delta, order
+
+  def objective(u: float) -> float:
+    alpha = 1.0 + math.exp(u)
+    r = compute_rdp(q, s, steps, alpha)
+    value = (_eps_at(alpha, r, math.log(target_delta)) if target_delta is not None
+             else _log_delta_at(alpha, r, target_eps))
+    return value if math.isfinite(value) else 1e300
+
+  result = optimize.minimize_scalar(objective, bounds=(math.log(lo - 1.0), math.log(hi - 1.0)),
+                                    method="bounded", options={"xatol": 1e-4})
+  alpha = 1.0 + math.exp(float(result.x))
+  r = compute_rdp(q, s, steps, alpha)  # sound value at the returned order
+  if target_delta is not None:
+    cont = max(_eps_at(alpha, r, math.log(target_delta)), 0.0)
+    if cont < eps:
+      return cont, delta, alpha
+  else:
+    cont = min(math.exp(min(_log_delta_at(alpha, r, target_eps), 0.0)), 1.0)
+    if cont < delta:
+      return eps, cont, alpha
+  return eps, delta, order
