@@ -1,0 +1,223 @@
+"""Noise calibration: the smallest noise multiplier that meets an (eps, delta) budget.
+
+For the Poisson-subsampled Gaussian mechanism run for ``steps`` steps, epsilon at a fixed delta
+is non-increasing in the noise multiplier sigma, so the smallest sigma with
+eps(sigma) <= target_epsilon is found by a bracketed root search on log(sigma):
+
+1. bracket: start at sigma = 1 and double (or halve) until [lo, hi] has eps(lo) > target and
+   eps(hi) <= target; the upper end is capped at ``_MAX_NOISE`` = 1e4;
+2. shrink the bracket with the Illinois variant of regula falsi on
+   log(eps) - log(target) versus log(sigma) (falling back to bisection when it stalls) until
+   hi - lo <= tolerance * hi;
+3. return hi, which always meets the budget (it was evaluated with the accountant, never
+   interpolated); its excess over the exact smallest sigma is at most ``tolerance`` relative.
+
+The accountant is either the RDP accountant (:mod:`analysis.rdp_accountant`, tight RDP-to-DP
+conversion over the given orders) or the PLD accountant (:mod:`analysis.pld_accountant`,
+imported lazily).  No TensorFlow import.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from fractions import Fraction
+
+import numpy as np
+
+from analysis import rdp_accountant
+from analysis._checks import (check_choice, check_count, check_delta, check_orders,
+                              check_positive, check_probability, check_real)
+
+__all__ = ["compute_noise_multiplier", "compute_noise_multiplier_for_training",
+           "steps_for_training", "ACCOUNTANTS"]
+
+ACCOUNTANTS = ("rdp", "pld")
+_MAX_NOISE = 1e4
+_MIN_NOISE = 1e-3
+_MAX_ITERATIONS = 200
+
+
+def _epsilon_function(q: float, steps: int, delta: float, accountant: str, orders):
+  """sigma -> epsilon (nats, upper bound) for the chosen accountant."""
+  if accountant == "pld":
+    from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
+
+    def eps_pld(sigma: float) -> float:
+      return float(pld_accountant.compute_epsilon(q, sigma, steps, delta))
+
+    return eps_pld
+
+  def eps_rdp(sigma: float) -> float:
+    rdp = rdp_accountant.compute_rdp(q, sigma, steps, orders)
+    with warnings.catch_warnings():
+      # An optimum at the edge of the orders is still a valid (if looser) bound.
+      warnings.simplefilter("ignore", rdp_accountant.OrderAtBoundaryWarning)
+      eps, _, _ = rdp_accountant.get_privacy_spent(orders, rdp, target_delta=delta)
+    return float(eps)
+
+  return eps_rdp
+
+
+def compute_noise_multiplier(target_epsilon: float, target_delta: float,
+                             sampling_probability: float, steps: int, *,
+                             accountant: str = "rdp", orders=None,
+                             tolerance: float = 1e-4) -> float:
+  """Smallest noise multiplier sigma whose ``steps``-step DP-SGD run is (eps, delta)-DP.
+
+  Poisson sampling with probability q, add-or-remove-one adjacency.  Returns sigma (noise
+  std / clipping norm) with eps(sigma) <= ``target_epsilon`` at ``target_delta`` according to
+  the accountant, and sigma <= (1 + tolerance) * sigma_min, where sigma_min is the exact
+  smallest such value for that accountant (bracketed root search, see module docstring).
+
+  Args:
+    target_epsilon: eps budget in nats, > 0 (inf allowed: returns 0 unless steps/q are 0).
+    target_delta: delta in (0, 1).
+    sampling_probability: q in [0, 1].
+    steps: number of steps, an integer >= 0.
+    accountant: "rdp" (default) or "pld".
+    orders: RDP orders (each in (1, inf]) for accountant="rdp"; default
+      ``rdp_accountant.DEFAULT_ORDERS``.  Ignored by "pld".
+    tolerance: relative tolerance on sigma, in (0, 1); default 1e-4.
+
+  Returns:
+    sigma in [_MIN_NOISE = 1e-3, 1e4], or 0.0 when no noise is needed (q = 0, steps = 0 or
+    an infinite target_epsilon).
+
+  Raises:
+    ValueError: an argument out of range (named in the message), or target_epsilon too small
+      to be met even with sigma = 1e4 (the message names target_epsilon).
+  """
+  target_epsilon = check_positive("target_epsilon", target_epsilon)
+  target_delta = check_delta("target_delta", target_delta)
+  q = check_probability("sampling_probability", sampling_probability)
+  steps = check_count("steps", steps, minimum=0)
+  check_choice("accountant", accountant, ACCOUNTANTS)
+  tolerance = check_real("tolerance", tolerance)
+  if not 0.0 < tolerance < 1.0:
+    raise ValueError(f"tolerance must be in (0, 1), got {tolerance!r}.")
+  if orders is None:
+    orders = list(rdp_accountant.DEFAULT_ORDERS)
+  else:
+    orders = list(check_orders("orders", orders if not isinstance(orders, np.ndarray)
+                               else list(orders))[0])
+  if q == 0.0 or steps == 0 or target_epsilon == math.inf:
+    return 0.0
+
+  eps_of = _epsilon_function(q, steps, target_delta, accountant, orders)
+  cache: dict[float, float] = {}
+
+  def excess(sigma: float) -> float:
+    """log(eps(sigma)) - log(target): > 0 misses the budget, <= 0 meets it."""
+    if sigma not in cache:
+      eps = eps_of(sigma)
+      cache[sigma] = math.inf if eps == math.inf else (
+          -math.inf if eps <= 0.0 else math.log(eps) - math.log(target_epsilon))
+    return cache[sigma]
+
+  # 1. Bracket: excess(lo) > 0 >= excess(hi).
+  hi = 1.0
+  if excess(hi) > 0.0:
+    lo = hi
+    while True:
+      hi = min(2.0 * hi, _MAX_NOISE)
+      if excess(hi) <= 0.0:
+        break
+      if hi >= _MAX_NOISE:
+        raise ValueError(
+            f"target_epsilon={target_epsilon!r} cannot be met at target_delta={target_delta!r} "
+            f"with q={q!r} over {steps} steps even with noise_multiplier={_MAX_NOISE:g}; "
+            "raise target_epsilon (or target_delta), or use fewer steps or a smaller q.")
+      lo = hi
+  else:
+    while True:
+      lo = hi / 2.0
+      if lo < _MIN_NOISE:
+        return hi  # budget met by (almost) no noise; don't search below 1e-3
+      if excess(lo) > 0.0:
+        break
+      hi = lo
+
+  # 2. Shrink with Illinois regula falsi in log(sigma); bisection when it stalls.
+  x_lo, x_hi = math.log(lo), math.log(hi)
+  f_lo, f_hi = excess(lo), excess(hi)
+  side = 0
+  for _ in range(_MAX_ITERATIONS):
+    if math.exp(x_hi) - math.exp(x_lo) <= tolerance * math.exp(x_hi):
+      break
+    width = x_hi - x_lo
+    if math.isfinite(f_lo) and math.isfinite(f_hi) and f_lo != f_hi:
+      x = x_hi - f_hi * (x_hi - x_lo) / (f_hi - f_lo)
+    else:
+      x = 0.5 * (x_lo + x_hi)
+    # Keep the probe strictly inside, at least ~tolerance/2 away from either end, so that
+    # landing on the right side closes the bracket.
+    margin = min(0.5 * tolerance, 0.25 * width)
+    x = min(max(x, x_lo + margin), x_hi - margin)
+    f = excess(math.exp(x))
+    if f > 0.0:
+      x_lo, f_lo = x, f
+      if side == -1:
+        f_hi *= 0.5  # Illinois: halve the stale end's value
+      side = -1
+    else:
+      x_hi, f_hi = x, excess(math.exp(x))
+      if side == 1:
+        f_lo *= 0.5
+      side = 1
+    if x_hi - x_lo > 0.5 * width:
+      # Slow progress: one bisection step.
+      mid = 0.5 * (x_lo + x_hi)
+      if excess(math.exp(mid)) > 0.0:
+        x_lo, f_lo = mid, excess(math.exp(mid))
+      else:
+        x_hi, f_hi = mid, excess(math.exp(mid))
+      side = 0
+  sigma = math.exp(x_hi)
+  # The returned value was itself evaluated and met the budget.
+  assert excess(sigma) <= 0.0
+  return sigma
+
+
+def steps_for_training(dataset_size: int, batch_size: int, epochs: float) -> int:
+  """ceil(epochs * dataset_size / batch_size), computed exactly (no float rounding).
+
+  dataset_size and batch_size are integers >= 1 with batch_size <= dataset_size; epochs is a
+  real number >= 0 (fractions of an epoch allowed).
+  """
+  dataset_size = check_count("dataset_size", dataset_size, minimum=1)
+  batch_size = check_count("batch_size", batch_size, minimum=1)
+  if batch_size > dataset_size:
+    raise ValueError(f"batch_size must be in [1, dataset_size={dataset_size}], "
+                     f"got {batch_size!r}.")
+  epochs = check_real("epochs", epochs)
+  if not 0.0 <= epochs < math.inf:
+    raise ValueError(f"epochs must be finite and >= 0, got {epochs!r}.")
+  return math.ceil(Fraction(epochs) * dataset_size / batch_size)
+
+
+def compute_noise_multiplier_for_training(target_epsilon: float, target_delta: float,
+                                          dataset_size: int, batch_size: int, epochs: float,
+                                          *, accountant: str = "rdp", orders=None,
+                                          tolerance: float = 1e-4) -> float:
+  """Smallest noise multiplier for DP-SGD training to an (eps, delta) budget.
+
+  Poisson sampling with q = batch_size / dataset_size for
+  ``steps = ceil(epochs * dataset_size / batch_size)`` steps (see :func:`steps_for_training`),
+  then :func:`compute_noise_multiplier` with the same accountant, orders and tolerance.
+
+  Args:
+    target_epsilon: > 0 (nats); target_delta: in (0, 1).
+    dataset_size: integer >= 1; batch_size: integer in [1, dataset_size] (the expected batch
+      size under Poisson sampling); epochs: real >= 0.
+    accountant, orders, tolerance: as in :func:`compute_noise_multiplier`.
+
+  Returns:
+    The noise multiplier (noise std / clipping norm).
+
+  Raises:
+    ValueError: as :func:`compute_noise_multiplier` and :func:`steps_for_training`.
+  """
+  steps = steps_for_training(dataset_size, batch_size, epochs)
+  q = int(batch_size) / int(dataset_size)
+  return compute_noise_multiplier(target_epsilon, target_delta, q, steps,
+                                  accountant=accountant, orders=orders, tolerance=tolerance)
