@@ -1,0 +1,268 @@
+"""Privacy of a DP-SGD training run: library function and command-line tool.
+
+    compute_dp_sgd_privacy --N=60000 --batch_size=256 --noise_multiplier=1.1 --epochs=60
+    python -m analysis.compute_dp_sgd_privacy --N=60000 --batch_size=256 \\
+        --noise_multiplier=1.1 --epochs=60 --delta=1e-5 --accountant=pld
+
+The run is modelled as ``steps = ceil(epochs * N / batch_size)`` steps of the Gaussian mechanism
+on Poisson-sampled batches (each example independently with probability q = batch_size / N),
+add-or-remove-one adjacency, noise std = noise_multiplier * clipping norm.  Epsilon is in nats.
+No TensorFlow import.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import warnings
+
+from analysis import calibration, rdp_accountant
+from analysis._checks import (check_choice, check_count, check_delta, check_nonnegative,
+                              check_orders, check_real)
+
+__all__ = ["DpSgdPrivacy", "compute_dp_sgd_privacy", "run"]
+
+ACCOUNTANTS = ("rdp", "pld")
+
+
+@dataclasses.dataclass(frozen=True)
+class DpSgdPrivacy:
+  """Result of :func:`compute_dp_sgd_privacy`.
+
+  Attributes:
+    epsilon: eps (nats) at ``delta`` assuming Poisson sampling with rate q.
+    delta: the delta the epsilons refer to.
+    optimal_order: the RDP order attaining ``epsilon`` (None for the PLD accountant or if
+      epsilon is inf).
+    sampling_probability: q = batch_size / n.
+    steps: ceil(epochs * n / batch_size).
+    noise_multiplier: as given (noise std / clipping norm).
+    effective_noise_multiplier: the one accounted for: noise_multiplier, or half of it when
+      microbatch_size > 1 (see compute_dp_sgd_privacy).
+    epsilon_no_amplification: eps with no amplification by sampling: ceil(epochs)
+      compositions of the unsampled Gaussian (q = 1), valid for any batching in which every
+      example is used at most once per epoch (e.g. shuffle-and-iterate).
+    order_no_amplification: the RDP order attaining it (None for PLD).
+    n, batch_size, epochs, microbatch_size, accountant: the inputs.
+    order_at_boundary: True if an optimal RDP order was the first or last of the orders used.
+  """
+  epsilon: float
+  delta: float
+  optimal_order: float | None
+  sampling_probability: float
+  steps: int
+  noise_multiplier: float
+  effective_noise_multiplier: float
+  epsilon_no_amplification: float
+  order_no_amplification: float | None
+  n: int
+  batch_size: int
+  epochs: float
+  microbatch_size: int
+  accountant: str
+  order_at_boundary: bool = False
+
+  def statement(self) -> str:
+    """A short plain-English paragraph describing the guarantee, ready to paste into a paper."""
+    method = ("Renyi-DP accounting (Mironov et al. 2019) with the conversion of Balle et al. "
+              "(2020)" if self.accountant == "rdp" else
+              "privacy-loss-distribution (PLD) accounting")
+    order = (f" (optimal Renyi order {self.optimal_order:g})"
+             if self.optimal_order is not None else "")
+    noise = f"noise multiplier {self.noise_multiplier:g}"
+    micro = ""
+    if self.microbatch_size > 1:
+      micro = (f" Gradients were clipped and summed per microbatch of {self.microbatch_size} "
+               "examples; under add-or-remove-one adjacency adding or removing an example can "
+               "change a microbatch sum by up to twice the clipping norm, so the accounting "
+               f"uses the effective noise multiplier {self.effective_noise_multiplier:g} "
+               f"(= {self.noise_multiplier:g} / 2).")
+    parts = [
+        f"DP-SGD was run for {self.steps} steps ({_fmt_epochs(self.epochs)} epochs over "
+        f"n = {self.n} examples with expected batch size {self.batch_size}, i.e. sampling "
+        f"rate q = {self.sampling_probability:.6g}) with Gaussian noise of {noise} "
+        "relative to the clipping norm." + micro,
+        f"Assuming Poisson sampling (each example included in each batch independently with "
+        f"probability q), the training is ({_fmt_eps(self.epsilon)}, {self.delta:g})-"
+        f"differentially private with respect to adding or removing one example, by "
+        f"{method}{order}.",
+        f"This bound is not valid for shuffle-and-iterate batching (fixed batches from a "
+        f"random permutation each epoch); for that, the bound without amplification by "
+        f"sampling is epsilon = {_fmt_eps(self.epsilon_no_amplification)} at the same delta.",
+    ]
+    if self.order_at_boundary:
+      parts.append("(An optimal order lay at the end of the orders searched; a wider range of "
+                   "orders may give a smaller epsilon.)")
+    return " ".join(parts)
+
+  def __str__(self) -> str:
+    return self.statement()
+
+
+def _fmt_eps(eps: float) -> str:
+  return "inf" if eps == math.inf else f"{eps:.4g}"
+
+
+def _fmt_epochs(epochs: float) -> str:
+  return f"{epochs:g}"
+
+
+def _rdp_epsilon(q, sigma, steps, delta, orders):
+  """(eps, order, at_boundary) with the RDP accountant on the given orders."""
+  rdp = rdp_accountant.compute_rdp(q, sigma, steps, orders)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always", rdp_accountant.OrderAtBoundaryWarning)
+    eps, _, order = rdp_accountant.get_privacy_spent(orders, rdp, target_delta=delta)
+  boundary = any(issubclass(w.category, rdp_accountant.OrderAtBoundaryWarning) for w in caught)
+  return float(eps), order, boundary
+
+
+def compute_dp_sgd_privacy(n: int, batch_size: int, noise_multiplier: float, epochs: float,
+                           delta: float, *, microbatch_size: int = 1, orders=None,
+                           accountant: str = "rdp") -> DpSgdPrivacy:
+  """Epsilon of a DP-SGD run, with and without amplification by sampling.
+
+  Poisson sampling with q = batch_size / n for steps = ceil(epochs * n / batch_size) steps of
+  the Gaussian mechanism (noise std = noise_multiplier * clipping norm), add-or-remove-one
+  adjacency.  The no-amplification epsilon composes the unsampled Gaussian (q = 1) ceil(epochs)
+  times: when every example is in exactly one batch per epoch, each epoch touches it once.
+
+  With ``microbatch_size`` m > 1, clipping applies to each microbatch's summed gradient, whose
+  change when one example is added or removed can be up to 2C (one clipped sum is replaced
+  by another); the noise (std sigma * C) is unchanged, so the run is accounted with the
+  effective noise multiplier sigma / 2.
+
+  Args:
+    n: dataset size, integer >= 1.
+    batch_size: (expected) batch size, integer in [1, n], divisible by microbatch_size.
+    noise_multiplier: sigma >= 0 (0 gives eps = inf).
+    epochs: real >= 0.
+    delta: in (0, 1).
+    microbatch_size: integer >= 1 (default 1: per-example clipping).
+    orders: RDP orders (each > 1) for accountant "rdp"; default DEFAULT_ORDERS.
+    accountant: "rdp" (default) or "pld" (analysis.pld_accountant, imported lazily).
+
+  Returns:
+    A :class:`DpSgdPrivacy`; ``str()`` of it is the plain-English statement.
+
+  Raises:
+    ValueError: any argument out of range; the message names it.
+  """
+  n = check_count("n", n, minimum=1)
+  batch_size = check_count("batch_size", batch_size, minimum=1)
+  if batch_size > n:
+    raise ValueError(f"batch_size must be in [1, n={n}], got {batch_size}.")
+  sigma = check_nonnegative("noise_multiplier", noise_multiplier)
+  epochs = check_real("epochs", epochs)
+  if not 0.0 <= epochs < math.inf:
+    raise ValueError(f"epochs must be finite and >= 0, got {epochs!r}.")
+  delta = check_delta("delta", delta)
+  microbatch_size = check_count("microbatch_size", microbatch_size, minimum=1)
+  if batch_size % microbatch_size:
+    raise ValueError(f"microbatch_size must divide batch_size={batch_size}, "
+                     f"got {microbatch_size}.")
+  check_choice("accountant", accountant, ACCOUNTANTS)
+  if orders is None:
+    orders = list(rdp_accountant.DEFAULT_ORDERS)
+  else:
+    orders = [float(a) for a in check_orders("orders", list(orders))[0]]
+
+  q = batch_size / n
+  steps = calibration.steps_for_training(n, batch_size, epochs)
+  epochs_touched = math.ceil(epochs)
+  effective = sigma / 2.0 if microbatch_size > 1 else sigma
+  if accountant == "rdp":
+    eps, order, boundary = _rdp_epsilon(q, effective, steps, delta, orders)
+    eps0, order0, boundary0 = _rdp_epsilon(1.0, effective, epochs_touched, delta, orders)
+    boundary = boundary or boundary0
+  else:
+    from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
+    eps = float(pld_accountant.compute_epsilon(q, effective, steps, delta))
+    eps0 = float(pld_accountant.compute_epsilon(1.0, effective, epochs_touched, delta))
+    order = order0 = None
+    boundary = False
+  return DpSgdPrivacy(
+      epsilon=eps, delta=delta, optimal_order=order, sampling_probability=q, steps=steps,
+      noise_multiplier=sigma, effective_noise_multiplier=effective,
+      epsilon_no_amplification=eps0, order_no_amplification=order0, n=n,
+      batch_size=batch_size, epochs=epochs, microbatch_size=microbatch_size,
+      accountant=accountant, order_at_boundary=boundary)
+
+
+# ------------------------------------------------------------------------------------------
+# Command line.
+
+_PROG = "compute_dp_sgd_privacy"
+
+
+def _define_flags():
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  values = flags.FlagValues()
+  flags.DEFINE_integer("N", None, "Dataset size (number of examples).", flag_values=values)
+  flags.DEFINE_integer("batch_size", None, "Expected batch size (q = batch_size / N).",
+                       flag_values=values)
+  flags.DEFINE_float("noise_multiplier", None, "Noise std divided by the clipping norm.",
+                     flag_values=values)
+  flags.DEFINE_float("epochs", None, "Number of epochs (may be fractional).",
+                     flag_values=values)
+  flags.DEFINE_float("delta", 1e-5, "Target delta, in (0, 1).", flag_values=values)
+  flags.DEFINE_integer("microbatch_size", 1, "Examples per clipped microbatch.",
+                       flag_values=values)
+  flags.DEFINE_list("orders", None, "Comma-separated RDP orders (each > 1); default: "
+                    "analysis.rdp_accountant.DEFAULT_ORDERS.", flag_values=values)
+  flags.DEFINE_enum("accountant", "rdp", list(ACCOUNTANTS), "Accountant: rdp or pld.",
+                    flag_values=values)
+  for name in ("N", "batch_size", "noise_multiplier", "epochs"):
+    flags.mark_flag_as_required(name, flag_values=values)
+  return values
+
+
+def _fail(message: str) -> None:
+  message = " ".join(str(message).split())  # one line
+  sys.stderr.write(f"{_PROG}: error: {message}\n")
+  sys.exit(2)
+
+
+def run(argv=None) -> None:
+  """Console entry point: parses absl flags, prints the statement; bad flags exit with 2.
+
+  Errors (unknown or missing flags, values out of range) print one line to stderr, no
+  traceback.
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  argv = list(sys.argv if argv is None else argv)
+  values = _define_flags()
+  if any(a in ("--help", "-h", "--helpshort", "--helpfull") for a in argv[1:]):
+    sys.stdout.write(__doc__ + "\n" + values.main_module_help() + "\n")
+    return
+  try:
+    rest = values(argv)
+  except flags.Error as error:
+    _fail(error)
+  if len(rest) > 1:
+    _fail(f"unexpected positional arguments: {' '.join(rest[1:])}")
+  orders = None
+  if values.orders is not None:
+    try:
+      orders = [float(x) for x in values.orders]
+    except ValueError:
+      _fail(f"--orders must be a comma-separated list of numbers, got {values.orders!r}")
+  try:
+    result = compute_dp_sgd_privacy(
+        values.N, values.batch_size, values.noise_multiplier, values.epochs, values.delta,
+        microbatch_size=values.microbatch_size, orders=orders, accountant=values.accountant)
+  except ValueError as error:
+    _fail(error)
+  print(f"epsilon = {_fmt_eps(result.epsilon)} at delta = {result.delta:g} "
+        f"(Poisson sampling, {result.accountant} accountant"
+        + (f", optimal order {result.optimal_order:g}" if result.optimal_order else "") + ")")
+  print(f"epsilon without amplification by sampling = "
+        f"{_fmt_eps(result.epsilon_no_amplification)}")
+  print(f"q = {result.sampling_probability:.6g}, steps = {result.steps}, "
+        f"effective noise multiplier = {result.effective_noise_multiplier:g}")
+  print()
+  print(result.statement())
+
+
+if __name__ == "__main__":
+  run()
