@@ -1,0 +1,164 @@
+"""Tests of analysis.compute_dp_sgd_privacy: the library function, its statement and the CLI.
+
+The canonical MNIST setting (N=60000, batch 256, noise 1.1, 60 epochs, delta 1e-5) is checked
+against dp_accounting's RdpAccountant on the same orders (a test-only dependency that also uses
+the tight RDP -> DP conversion); the classic conversion eps = rdp - log(delta) / (alpha - 1),
+computed here from dp_accounting's RDP, must be larger.
+"""
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from analysis import compute_dp_sgd_privacy as cdp
+from analysis import rdp_accountant
+
+dp_accounting = pytest.importorskip("dp_accounting")
+from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+INT_ORDERS = [float(a) for a in rdp_accountant.DEFAULT_ORDERS if float(a).is_integer()]
+
+
+def _dp_accounting_rdp(q, sigma, steps, orders):
+  accountant = dp_rdp.RdpAccountant(orders=orders)
+  if q == 1.0:
+    accountant.compose(dp_accounting.GaussianDpEvent(sigma), steps)
+  else:
+    accountant.compose(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+  return accountant
+
+
+def test_canonical_mnist_against_dp_accounting():
+  result = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 60, 1e-5)
+  assert result.steps == 14063 and result.sampling_probability == 256 / 60000
+  # Same (integer) orders in both: dp_accounting's value is the independent reference.
+  on_ints = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 60, 1e-5, orders=INT_ORDERS)
+  accountant = _dp_accounting_rdp(256 / 60000, 1.1, 14063, INT_ORDERS)
+  eps_ref, order_ref = accountant.get_epsilon_and_optimal_order(1e-5)
+  assert on_ints.epsilon == pytest.approx(eps_ref, rel=1e-9)
+  assert on_ints.optimal_order == order_ref
+  # Fractional orders can only help.
+  assert result.epsilon <= on_ints.epsilon
+  # The classic conversion (Mironov 2017, Prop. 3) is looser.
+  classic = min(r - math.log(1e-5) / (a - 1)
+                for a, r in zip(INT_ORDERS, accountant._rdp))  # pylint: disable=protected-access
+  assert result.epsilon < classic
+  # The issue quotes "about 2.9" (classic) and "~2.6" (tight) for this setting.
+  assert 2.85 < classic < 3.05 and 2.5 < result.epsilon < 2.7
+  # No amplification: 60 compositions of the unsampled Gaussian.
+  eps0 = _dp_accounting_rdp(1.0, 1.1, 60, INT_ORDERS).get_epsilon(1e-5)
+  assert result.epsilon_no_amplification <= eps0 * (1 + 1e-9)
+  assert result.epsilon_no_amplification > 10 * result.epsilon
+
+
+def test_statement_mentions_the_facts():
+  result = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 60, 1e-5)
+  text = result.statement()
+  assert str(result) == text
+  for fragment in ["14063 steps", "q = 0.00426667", "noise multiplier 1.1",
+                   f"({result.epsilon:.4g}, 1e-05)", f"order {result.optimal_order:g}",
+                   "Poisson sampling", "shuffle-and-iterate",
+                   f"{result.epsilon_no_amplification:.4g}"]:
+    assert fragment in text, fragment
+  assert "\n" not in text
+
+
+def test_microbatches_halve_the_effective_noise():
+  result = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 10, 1e-5, microbatch_size=4)
+  assert result.effective_noise_multiplier == 0.55
+  rdp = rdp_accountant.compute_rdp(256 / 60000, 0.55, result.steps,
+                                   rdp_accountant.DEFAULT_ORDERS)
+  eps, _, _ = rdp_accountant.get_privacy_spent(rdp_accountant.DEFAULT_ORDERS, rdp,
+                                               target_delta=1e-5)
+  assert result.epsilon == eps
+  assert "microbatch of 4" in result.statement() and "0.55" in result.statement()
+  plain = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 10, 1e-5)
+  assert plain.effective_noise_multiplier == 1.1 and result.epsilon > plain.epsilon
+
+
+def test_fractional_epochs_and_boundary_note():
+  result = cdp.compute_dp_sgd_privacy(1000, 100, 1.0, 2.5, 1e-5)
+  assert result.steps == 25
+  # No amplification: an example is touched in ceil(2.5) = 3 epochs.
+  eps0 = _dp_accounting_rdp(1.0, 1.0, 3, INT_ORDERS).get_epsilon(1e-5)
+  assert result.epsilon_no_amplification <= eps0 * (1 + 1e-9)
+  narrow = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 60, 1e-5, orders=[2, 3])
+  assert narrow.order_at_boundary and "wider range" in narrow.statement()
+
+
+def test_errors_name_the_argument():
+  cases = [
+      (dict(n=0), "n must be"), (dict(batch_size=70000), "batch_size"),
+      (dict(noise_multiplier=-1.0), "noise_multiplier"), (dict(epochs=-1), "epochs"),
+      (dict(delta=0.0), "delta"), (dict(microbatch_size=0), "microbatch_size"),
+      (dict(microbatch_size=3), "microbatch_size must divide"),
+      (dict(orders=[1.0]), "orders"), (dict(accountant="moments"), "accountant"),
+  ]
+  base = dict(n=60000, batch_size=256, noise_multiplier=1.1, epochs=1, delta=1e-5)
+  for change, message in cases:
+    args = {**base, **change}
+    kwargs = {k: args.pop(k) for k in ("microbatch_size", "orders", "accountant") if k in args}
+    with pytest.raises(ValueError, match=message):
+      cdp.compute_dp_sgd_privacy(*args.values(), **kwargs)
+
+
+def test_pld_accountant_branch():
+  module = pytest.importorskip("analysis.pld_accountant")
+  if not hasattr(module, "compute_epsilon"):
+    pytest.skip("analysis.pld_accountant.compute_epsilon not written yet")
+  result = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 3, 1e-5, accountant="pld")
+  assert result.epsilon == module.compute_epsilon(256 / 60000, 1.1, result.steps, 1e-5)
+  assert result.optimal_order is None and "privacy-loss-distribution" in result.statement()
+  rdp = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 3, 1e-5)
+  assert result.epsilon <= rdp.epsilon
+
+
+# ------------------------------------------------------------------------------------------
+# Command line, in a subprocess.
+
+
+def _cli(*args):
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  return subprocess.run([sys.executable, "-m", "analysis.compute_dp_sgd_privacy", *args],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_success():
+  proc = _cli("--N=60000", "--batch_size=256", "--noise_multiplier=1.1", "--epochs=60")
+  assert proc.returncode == 0, proc.stderr
+  expected = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 60, 1e-5)
+  assert f"epsilon = {expected.epsilon:.4g} at delta = 1e-05" in proc.stdout
+  assert expected.statement() in proc.stdout
+  proc = _cli("--N=60000", "--batch_size=256", "--noise_multiplier=1.1", "--epochs=60",
+              "--orders=2,4,8,16,32", "--microbatch_size=2", "--delta=1e-6")
+  assert proc.returncode == 0, proc.stderr
+  expected = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 60, 1e-6, microbatch_size=2,
+                                        orders=[2, 4, 8, 16, 32])
+  assert f"epsilon = {expected.epsilon:.4g} at delta = 1e-06" in proc.stdout
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--N=60000", "--batch_size=70000", "--noise_multiplier=1.1", "--epochs=60"], "batch_size"),
+    (["--N=60000", "--batch_size=256", "--noise_multiplier=-1", "--epochs=60"],
+     "noise_multiplier"),
+    (["--N=60000", "--noise_multiplier=1.1", "--epochs=60"], "batch_size"),
+    (["--N=60000", "--batch_size=256", "--noise_multiplier=abc", "--epochs=60"],
+     "noise_multiplier"),
+    (["--N=60000", "--batch_size=256", "--noise_multiplier=1.1", "--epochs=60",
+      "--orders=1.5,x"], "orders"),
+    (["--N=60000", "--batch_size=256", "--noise_multiplier=1.1", "--epochs=60",
+      "--accountant=moments"], "accountant"),
+])
+def test_cli_bad_flags_exit_nonzero_with_one_line(args, fragment):
+  proc = _cli(*args)
+  assert proc.returncode != 0
+  assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and fragment in lines[0], proc.stderr
