@@ -256,9 +256,13 @@ def compute_rdp(q: float, noise_multiplier: float, steps: int, orders):
 
   Add-or-remove-one adjacency.  For each order alpha returns
   ``steps * log(A_alpha) / (alpha - 1)`` (nats) with A_alpha as in the module docstring:
-  exact at integer orders (binomial expansion, log space), an upper bound within ~1e-10
-  relative of the exact value at fractional orders (two-series expansion with a bounded,
-  added truncation remainder), never below the true RDP.
+  exact at integer orders up to a ~1e-13 relative round-off allowance (binomial expansion,
+  log space); at fractional orders an upper bound from the two-series expansion with its
+  truncation remainder bounded and a round-off allowance added, never below the true RDP.
+  Measured excess over mpmath quadrature: <= 1e-9 relative for sigma <= 20 and alpha >= 1.01;
+  where log A_alpha is below ~1e-8 (alpha -> 1, or sigma in the hundreds) the ~1e-14
+  absolute allowance dominates, e.g. ~1e-5 relative at alpha = 1.0001 (q = 256/60000,
+  sigma = 1.1).
 
   Args:
     q: Poisson sampling probability, in [0, 1].
