@@ -13,7 +13,8 @@ def _targets():
   tree = ast.parse((ROOT / "BUILD").read_text())
   targets = []
   for node in ast.walk(tree):
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and
+        node.func.id.startswith("py_")):
       kwargs = {k.arg: k.value for k in node.keywords}
       srcs = []
       if "srcs" in kwargs:
@@ -40,7 +41,9 @@ def test_every_package_source_is_in_a_py_library():
 
 
 def test_every_test_file_has_its_own_py_test():
-  tests = {srcs[0] for kind, _, srcs in _targets() if kind == "py_test" for _ in [0]}
+  tests = [srcs[0] for kind, _, srcs in _targets() if kind == "py_test"]
+  assert len(tests) == len(set(tests)), "a test file has two py_test targets"
+  tests = set(tests)
   wanted = {f for f in _files("tests") if pathlib.Path(f).name.startswith("test_")}
   assert wanted == tests, f"py_test targets differ from test files: {sorted(wanted ^ tests)}"
 
