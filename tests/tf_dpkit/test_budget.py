@@ -1,0 +1,155 @@
+"""Privacy accountant, the PrivacyBudget callback and train-to-a-budget, against analysis/."""
+import math
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_dpkit
+from analysis import calibration, pld_accountant, rdp_accountant
+from tf_dpkit.budget import PrivacyAccountant, PrivacyBudget, noise_multiplier_for_budget
+from tf_dpkit.data import poisson_batches
+
+ORDERS = rdp_accountant.DEFAULT_ORDERS
+
+
+def _rdp_eps(qs, sigmas, steps, delta=1e-5):
+  rdp = rdp_accountant.compute_heterogeneous_rdp(qs, sigmas, steps, ORDERS)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    return rdp_accountant.get_privacy_spent(ORDERS, rdp, target_delta=delta)[0]
+
+
+def test_poisson_phases_match_analysis_for_rdp_and_pld():
+  acc = PrivacyAccountant(1e-5)
+  acc.record(0.01, 1.1, 300)
+  acc.record(0.01, 1.1, 200)  # merged with the previous phase
+  acc.record(0.02, 0.9, 100)
+  assert len(acc.phases) == 2 and acc.steps == 600
+  assert math.isclose(acc.epsilon(), _rdp_eps([0.01, 0.02], [1.1, 0.9], [500, 100]), rel_tol=1e-12)
+  pld = PrivacyAccountant.from_state_dict({**acc.state_dict(), "accountant": "pld"})
+  expected = pld_accountant.compute_epsilon_heterogeneous([0.01, 0.02], [1.1, 0.9], [500, 100], 1e-5)
+  assert math.isclose(pld.epsilon(), expected, rel_tol=1e-12)
+  assert pld.epsilon() < acc.epsilon()  # PLD is the tighter accountant here
+
+
+def test_shuffle_is_accounted_without_amplification_and_microbatches_halve_sigma():
+  acc = PrivacyAccountant(1e-5)
+  acc.record(0.1, 1.2, 25, sampling="shuffle", steps_per_epoch=10)  # touches 3 epochs
+  assert math.isclose(acc.epsilon(), _rdp_eps([1.0], [1.2], [3]), rel_tol=1e-12)
+  acc = PrivacyAccountant(1e-5)
+  acc.record(0.1, 1.2, 40, microbatch_size=4)
+  assert math.isclose(acc.epsilon(), _rdp_eps([0.1], [0.6], [40]), rel_tol=1e-12)
+
+
+def test_restored_accountant_continues_like_an_uninterrupted_one():
+  whole, first = PrivacyAccountant(1e-6), PrivacyAccountant(1e-6)
+  for step in range(50):
+    whole.record(0.05, 1.0)
+    if step < 20:
+      first.record(0.05, 1.0)
+  resumed = PrivacyAccountant.from_state_dict(first.state_dict())
+  for _ in range(30):
+    resumed.record(0.05, 1.0)
+  assert resumed.epsilon() == whole.epsilon() and resumed.steps == 50
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(sampling_probability=0.0, noise_multiplier=1.0), r"sampling_probability must be in \(0, 1\]"),
+    (dict(sampling_probability=1.5, noise_multiplier=1.0), r"sampling_probability"),
+    (dict(sampling_probability=0.1, noise_multiplier=-1.0), r"noise_multiplier must be >= 0"),
+    (dict(sampling_probability=0.1, noise_multiplier=1.0, steps=1.5), r"steps must be an integer"),
+    (dict(sampling_probability=0.1, noise_multiplier=1.0, sampling="random"), r"sampling must be one of"),
+    (dict(sampling_probability=0.1, noise_multiplier=1.0, sampling="shuffle"), r"needs steps_per_epoch"),
+    (dict(sampling_probability=0.1, noise_multiplier=1.0, microbatch_size=0), r"microbatch_size"),
+])
+def test_record_rejects_bad_input(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    PrivacyAccountant(1e-5).record(**kwargs)
+
+
+def test_accountant_rejects_bad_delta_and_accountant():
+  with pytest.raises(ValueError, match=r"delta must be in \(0, 1\)"):
+    PrivacyAccountant(1.0)
+  with pytest.raises(ValueError, match="accountant must be one of"):
+    PrivacyAccountant(1e-5, "moments")
+
+
+N, BATCH = 256, 32
+
+
+def _data():
+  rng = np.random.default_rng(0)
+  return rng.normal(size=(N, 4)).astype(np.float32), rng.integers(0, 2, N)
+
+
+def _model(sigma=1.0, steps_per_execution=1):
+  model = tf_dpkit.DPSequential([keras.Input((4,)), keras.layers.Dense(2)])
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(
+      1.0, sigma, learning_rate=0.1, expected_batch_size=BATCH, seed=0),
+      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      steps_per_execution=steps_per_execution)
+  return model
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 4])
+def test_callback_stops_before_exceeding_the_target_and_logs_analysis_epsilon(steps_per_execution):
+  q, sigma, target = BATCH / N, 2.0, 2.0
+  # The first step count whose epsilon exceeds the target, by brute force over analysis/.
+  limit = next(s for s in range(1, 400) if _rdp_eps([q], [sigma], [s]) > target) - 1
+  model = _model(sigma, steps_per_execution)
+  budget = PrivacyBudget(q, 1e-5, target_epsilon=target, verbose=False)
+  data = poisson_batches(_data(), expected_batch_size=BATCH, steps=400, seed=1)
+  history = model.fit(data, epochs=40, steps_per_epoch=10, callbacks=[budget], verbose=0)
+  taken = int(model.optimizer.iterations.numpy())
+  assert taken == budget.accountant.steps
+  assert limit - steps_per_execution < taken <= limit
+  assert budget.stopped_at_step == taken
+  assert math.isclose(history.history["epsilon"][-1], _rdp_eps([q], [sigma], [taken]), rel_tol=1e-12)
+  assert history.history["epsilon"][-1] <= target
+
+
+def test_callback_logs_epsilon_every_epoch_without_target():
+  model = _model()
+  budget = PrivacyBudget(BATCH / N, 1e-5, verbose=False)
+  data = poisson_batches(_data(), expected_batch_size=BATCH, steps=24, seed=2)
+  history = model.fit(data, epochs=3, steps_per_epoch=8, callbacks=[budget], verbose=0)
+  expected = [_rdp_eps([BATCH / N], [1.0], [8 * (e + 1)]) for e in range(3)]
+  np.testing.assert_allclose(history.history["epsilon"], expected, rtol=1e-12)
+
+
+def test_callback_continues_a_restored_accountant():
+  q = BATCH / N
+  data = poisson_batches(_data(), expected_batch_size=BATCH, steps=30, seed=3)
+  model = _model()
+  first = PrivacyBudget(q, 1e-5, verbose=False)
+  model.fit(data.take(10), epochs=1, steps_per_epoch=10, callbacks=[first], verbose=0)
+  restored = PrivacyAccountant.from_state_dict(first.accountant.state_dict())
+  second = PrivacyBudget(q, accountant=restored, verbose=False)
+  history = model.fit(data.skip(10), epochs=1, steps_per_epoch=20, callbacks=[second], verbose=0)
+  assert math.isclose(history.history["epsilon"][-1], _rdp_eps([q], [1.0], [30]), rel_tol=1e-12)
+
+
+def test_callback_refuses_a_target_that_allows_no_step_and_non_dp_models():
+  model = _model(sigma=0.3)
+  data = poisson_batches(_data(), expected_batch_size=BATCH, steps=5, seed=4)
+  with pytest.raises(ValueError, match="does not allow even one more step"):
+    model.fit(data, epochs=1, steps_per_epoch=5, verbose=0,
+              callbacks=[PrivacyBudget(BATCH / N, target_epsilon=1e-3, verbose=False)])
+  plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+  plain.compile("sgd", loss="mse")
+  with pytest.raises(TypeError, match="needs a model compiled with a tf_dpkit DP optimizer"):
+    plain.fit(np.zeros((4, 4)), np.zeros((4, 2)), verbose=0,
+              callbacks=[PrivacyBudget(0.1, verbose=False)])
+  with pytest.raises(ValueError, match="target_epsilon must be > 0"):
+    PrivacyBudget(0.1, target_epsilon=-1.0)
+
+
+def test_noise_multiplier_for_budget_meets_the_target_tightly():
+  sigma = noise_multiplier_for_budget(2.0, 1e-5, 60000, 256, 15)
+  steps = math.ceil(15 * 60000 / 256)
+  assert sigma == calibration.compute_noise_multiplier_for_training(2.0, 1e-5, 60000, 256, 15)
+  assert _rdp_eps([256 / 60000], [sigma], [steps]) <= 2.0
+  assert _rdp_eps([256 / 60000], [sigma * 0.999], [steps]) > 2.0 * 0.999
