@@ -48,6 +48,7 @@ def _expected_eps(q, sigma, steps):
 @pytest.mark.parametrize("script, extra", [
     ("mnist_dpsgd_tutorial.py", ["--learning_rate=0.5"]),
     ("mnist_dpsgd_tutorial_eager.py", ["--learning_rate=0.01"]),
+    ("mnist_dpsgd_tutorial_eager.py", ["--learning_rate=0.01", "--fast_clipping"]),
     ("mnist_dpsgd_tutorial_v1.py", ["--learning_rate=0.5"]),
 ])
 def test_tutorial_trains_and_reports_the_analysis_epsilon(script, extra):
