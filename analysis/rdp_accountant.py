@@ -229,13 +229,21 @@ def _log_a(q: float, s: float, alpha: float) -> float:
   return min(_log_a_frac_series(q, s, alpha, log_tol), interp)
 
 
-def _rdp_one_step(q: float, s: float, alpha: float) -> float:
+def _edge_case_rdp(q: float, s: float, alpha: float) -> float | None:
+  """RDP of one step in the closed-form cases (q in {0, 1}, s in {0, inf}, alpha = inf)."""
   if q == 0.0 or s == math.inf:
     return 0.0
   if s == 0.0 or alpha == math.inf:
     return math.inf
   if q == 1.0:
     return alpha / (2.0 * s * s)
+  return None
+
+
+def _rdp_one_step(q: float, s: float, alpha: float) -> float:
+  edge = _edge_case_rdp(q, s, alpha)
+  if edge is not None:
+    return edge
   return max(_log_a(q, s, alpha) / (alpha - 1.0), 0.0)
 
 
@@ -311,12 +319,9 @@ def _wor_log_moment_int(q: float, s: float, alpha: int) -> float:
 
 
 def _wor_one_step(q: float, s: float, alpha: float) -> float:
-  if q == 0.0 or s == math.inf:
-    return 0.0
-  if s == 0.0 or alpha == math.inf:
-    return math.inf
-  if q == 1.0:
-    return alpha / (2.0 * s * s)
+  edge = _edge_case_rdp(q, s, alpha)
+  if edge is not None:
+    return edge
   if float(alpha).is_integer():
     return _wor_log_moment_int(q, s, int(alpha)) / (alpha - 1.0)
   f, c = math.floor(alpha), math.ceil(alpha)

@@ -2,20 +2,19 @@
 small Transformer block.  Each entry builds ``(layers_fn, make_batch)``."""
 from __future__ import annotations
 
+import os
+import sys
+
 import keras
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tutorials"))
+import common as tutorial_common  # noqa: E402  (the tutorials' MNIST CNN, one definition)
+
 
 def mnist_cnn():
-  return keras.Sequential([
-      keras.Input((28, 28, 1)),
-      keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
-      keras.layers.MaxPool2D(2, 1),
-      keras.layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),
-      keras.layers.MaxPool2D(2, 1),
-      keras.layers.Flatten(),
-      keras.layers.Dense(32, activation="relu"),
-      keras.layers.Dense(10)])
+  return keras.Sequential(tutorial_common.cnn_layers(keras))
 
 
 def mlp():

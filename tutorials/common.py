@@ -43,6 +43,16 @@ def load_mnist():
   return (prep(x_train), y_train.astype(np.int32)), (prep(x_test), y_test.astype(np.int32))
 
 
+def setup():
+  """Validates flags, seeds Keras, loads MNIST: returns ``(train, test, n, steps_per_epoch)``."""
+  import keras  # pylint: disable=g-import-not-at-top
+  validate_flags()
+  keras.utils.set_random_seed(FLAGS.seed)
+  train, test = load_mnist()
+  n = len(train[0])
+  return train, test, n, steps_per_epoch(n)
+
+
 def steps_per_epoch(n):
   """Steps per epoch: N // batch_size (full batches; Poisson batches have this many in expectation)."""
   return max(1, n // FLAGS.batch_size)

@@ -43,11 +43,7 @@ class EpochReport(keras.callbacks.Callback):
 
 def main(argv):
   del argv
-  common.validate_flags()
-  keras.utils.set_random_seed(FLAGS.seed)
-  (x_train, y_train), (x_test, y_test) = common.load_mnist()
-  n = len(x_train)
-  steps = common.steps_per_epoch(n)
+  (x_train, y_train), (x_test, y_test), n, steps = common.setup()
   loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
   callbacks = [EpochReport()]
   budget = None

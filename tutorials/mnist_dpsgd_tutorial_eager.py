@@ -37,11 +37,7 @@ flags.DEFINE_boolean("fast_clipping", False,
 
 def main(argv):
   del argv
-  common.validate_flags()
-  keras.utils.set_random_seed(FLAGS.seed)
-  (x_train, y_train), (x_test, y_test) = common.load_mnist()
-  n = len(x_train)
-  steps = common.steps_per_epoch(n)
+  (x_train, y_train), (x_test, y_test), n, steps = common.setup()
   model = keras.Sequential(common.cnn_layers(keras))
   vector_loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
   accountant = None

@@ -54,10 +54,7 @@ def cnn_logits(images):
 
 def main(argv):
   del argv
-  common.validate_flags()
-  (x_train, y_train), (x_test, y_test) = common.load_mnist()
-  n = len(x_train)
-  steps = common.steps_per_epoch(n)
+  (x_train, y_train), (x_test, y_test), n, steps = common.setup()
   graph = tf.Graph()
   with graph.as_default():
     V1.set_random_seed(FLAGS.seed)

@@ -89,3 +89,13 @@ class DPSettings:
         normalizer = tf.cast(realised_microbatches, g.dtype)
       out.append(g / normalizer)
     return out
+
+
+class DPSettingsViews:
+  """Read-only attributes of a DP optimizer, backed by its ``_dp`` (a :class:`DPSettings`)."""
+
+  l2_norm_clip = property(lambda self: self._dp.l2_norm_clip)
+  noise_multiplier = property(lambda self: self._dp.noise_multiplier)
+  num_microbatches = property(lambda self: self._dp.num_microbatches)
+  expected_batch_size = property(lambda self: self._dp.expected_batch_size)
+  dp_settings = property(lambda self: self._dp)

@@ -12,13 +12,13 @@ import tensorflow as tf
 
 from tf_dpkit.clipping import clipped_sum_from_vector_loss
 from tf_dpkit.optimizers.certificate import PrivateGradientCertificate
-from tf_dpkit.optimizers.dp_settings import DPSettings
+from tf_dpkit.optimizers.dp_settings import DPSettings, DPSettingsViews
 
 
 def make_keras_dp_class(base):
   """Builds the DP subclass of the Keras 3 optimizer class ``base`` (see the factory)."""
 
-  class KerasDPOptimizer(base):
+  class KerasDPOptimizer(DPSettingsViews, base):
     __doc__ = f"""Differentially private {base.__name__} (DP-SGD gradient, {base.__name__} update).
 
     Args:
@@ -51,12 +51,6 @@ def make_keras_dp_class(base):
       self._dp = settings
       self._dp_certificate = PrivateGradientCertificate()
 
-    # Read-only views of the DP settings (one source of truth for DPModel too).
-    l2_norm_clip = property(lambda self: self._dp.l2_norm_clip)
-    noise_multiplier = property(lambda self: self._dp.noise_multiplier)
-    num_microbatches = property(lambda self: self._dp.num_microbatches)
-    expected_batch_size = property(lambda self: self._dp.expected_batch_size)
-    dp_settings = property(lambda self: self._dp)
 
     def get_config(self):
       config = super().get_config()

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from tf_dpkit.clipping import clipped_sum_from_vector_loss
 from tf_dpkit.optimizers.certificate import PrivateGradientCertificate
-from tf_dpkit.optimizers.dp_settings import DPSettings
+from tf_dpkit.optimizers.dp_settings import DPSettings, DPSettingsViews
 
 _V1 = tf.compat.v1
 
@@ -19,7 +19,7 @@ _V1 = tf.compat.v1
 def make_v1_dp_class(base):
   """Builds the DP subclass of the ``tf.compat.v1.train.Optimizer`` subclass ``base``."""
 
-  class V1DPOptimizer(base):
+  class V1DPOptimizer(DPSettingsViews, base):
     __doc__ = f"""Differentially private ``tf.compat.v1.train.{base.__name__}``.
 
     Args:
@@ -45,11 +45,6 @@ def make_v1_dp_class(base):
       self._dp_noise_step = None
       super().__init__(*args, **kwargs)
 
-    l2_norm_clip = property(lambda self: self._dp.l2_norm_clip)
-    noise_multiplier = property(lambda self: self._dp.noise_multiplier)
-    num_microbatches = property(lambda self: self._dp.num_microbatches)
-    expected_batch_size = property(lambda self: self._dp.expected_batch_size)
-    dp_settings = property(lambda self: self._dp)
 
     def _next_noise_step(self):
       if self._dp_noise_step is None:
