@@ -227,3 +227,22 @@ def test_private_gradients_in_a_custom_loop_matches_fit():
   step(X[:8], Y[:8])
   for wa, wb in zip(a.get_weights(), b.get_weights()):
     np.testing.assert_allclose(wa, wb, rtol=1e-5, atol=1e-6)
+
+
+ALL_KERAS_OPTIMIZERS = [
+    keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.AdamW, keras.optimizers.Adagrad,
+    keras.optimizers.RMSprop, keras.optimizers.Nadam, keras.optimizers.Adamax, keras.optimizers.Lion,
+    keras.optimizers.Adafactor, keras.optimizers.Ftrl, keras.optimizers.Adadelta, keras.optimizers.Lamb,
+]
+
+
+@pytest.mark.parametrize("base", ALL_KERAS_OPTIMIZERS, ids=lambda c: c.__name__)
+def test_fit_with_every_keras_optimizer_equals_its_non_private_fit(base):
+  plain, private = _twin_models()
+  plain.compile(base(learning_rate=0.05), loss=LOSS)
+  private.compile(tf_dpkit.make_gaussian_optimizer_class(base)(1e9, 0.0, learning_rate=0.05, seed=0),
+                  loss=LOSS)
+  plain.fit(X, Y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+  private.fit(X, Y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+  for a, b in zip(plain.get_weights(), private.get_weights()):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
