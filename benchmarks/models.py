@@ -10,11 +10,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "tutorials"))
-import common as tutorial_common  # noqa: E402  (the tutorials' MNIST CNN, one definition)
+from mnist_cnn import cnn_layers  # noqa: E402  (the tutorials' MNIST CNN, one definition)
 
 
 def mnist_cnn():
-  return keras.Sequential(tutorial_common.cnn_layers(keras))
+  return keras.Sequential(cnn_layers(keras))
 
 
 def mlp():

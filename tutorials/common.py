@@ -7,6 +7,7 @@ from absl import flags
 from analysis import pld_accountant  # noqa: F401  (imported so a missing extra fails early)
 from tf_dpkit.budget import PrivacyAccountant
 from tf_dpkit.data import mnist
+from mnist_cnn import cnn_layers  # noqa: F401  (re-exported for the tutorials)
 
 FLAGS = flags.FLAGS
 
@@ -102,17 +103,3 @@ def print_final_report(accountant: PrivacyAccountant, test_accuracy: float):
         f"sampling={FLAGS.sampling}")
   print(f"Trained with {sampling_note()}: ({rdp:.2f}, {accountant.delta:g})-DP by RDP accounting, "
         f"({pld:.2f}, {accountant.delta:g})-DP by PLD accounting.")
-
-
-def cnn_layers(keras):
-  """The seed tutorial's CNN."""
-  return [
-      keras.Input((28, 28, 1)),
-      keras.layers.Conv2D(16, 8, strides=2, padding="same", activation="relu"),
-      keras.layers.MaxPool2D(2, 1),
-      keras.layers.Conv2D(32, 4, strides=2, padding="valid", activation="relu"),
-      keras.layers.MaxPool2D(2, 1),
-      keras.layers.Flatten(),
-      keras.layers.Dense(32, activation="relu"),
-      keras.layers.Dense(10),
-  ]
