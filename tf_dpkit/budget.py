@@ -185,6 +185,7 @@ class PrivacyBudget(keras.callbacks.Callback):
     self.verbose = verbose
     self.stopped_at_step = None
     self._seen_iterations = 0
+    self._epoch_start_steps = 0
     self._max_steps = None
     PrivacyAccountant(0.5).record(sampling_probability, 1.0, 0, sampling=sampling,
                                   steps_per_epoch=steps_per_epoch)  # validates now
@@ -229,6 +230,7 @@ class PrivacyBudget(keras.callbacks.Callback):
     if not hasattr(self.model.optimizer, "noise_multiplier"):
       raise TypeError("PrivacyBudget needs a model compiled with a tf_dpkit DP optimizer.")
     self._seen_iterations = int(self.model.optimizer.iterations.numpy())
+    self._epoch_start_steps = self.accountant.steps
     if self.target_epsilon is not None:
       # The settings are fixed during fit, so the budget becomes a step count, computed once.
       self._max_steps = self._largest_affordable_total()
@@ -238,20 +240,24 @@ class PrivacyBudget(keras.callbacks.Callback):
             f"delta={self.accountant.delta} (epsilon so far {self.accountant.epsilon():.4f}); "
             "raise the target or the noise multiplier.")
 
-  def _stop_if_next_exceeds(self, steps_ahead):
+  def on_epoch_begin(self, epoch, logs=None):
+    self._epoch_start_steps = self.accountant.steps
+
+  def on_train_batch_end(self, batch, logs=None):
     if self._max_steps is None or self.model.stop_training:
-      return
-    if self.accountant.steps + steps_ahead > self._max_steps:
+      return  # nothing to enforce: no per-step work (and no device sync) at all
+    # Keras reports the index of the last step of the execution just run, so the step count is
+    # known without reading the optimizer's counter from the device every step.
+    steps_now = self._epoch_start_steps + int(batch) + 1
+    steps_per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
+    if steps_now + steps_per_execution > self._max_steps:
+      self._record_new_steps()
       self.model.stop_training = True
       self.stopped_at_step = self.accountant.steps
       if self.verbose:
         print(f"\nPrivacyBudget: stopping after {self.accountant.steps} steps: the next step "
               f"would exceed target_epsilon={self.target_epsilon} at delta={self.accountant.delta} "
               f"(epsilon now {self.accountant.epsilon():.4f}).")
-
-  def on_train_batch_end(self, batch, logs=None):
-    self._record_new_steps()
-    self._stop_if_next_exceeds(int(getattr(self.model, "steps_per_execution", 1) or 1))
 
   def on_epoch_end(self, epoch, logs=None):
     self._record_new_steps()

@@ -70,7 +70,7 @@ def main(argv):
     train = shuffled_batches((x_train, y_train), FLAGS.batch_size, FLAGS.epochs, FLAGS.seed)
   test = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(1024)
   history = model.fit(train.prefetch(2), epochs=FLAGS.epochs, steps_per_epoch=steps,
-                      validation_data=test, callbacks=callbacks, verbose=0)
+                      validation_data=test, callbacks=callbacks, shuffle=False, verbose=0)
   accuracy = history.history["val_accuracy"][-1]
   if budget is not None:
     common.print_final_report(budget.accountant, accuracy)
