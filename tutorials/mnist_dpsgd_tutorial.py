@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from absl import app  # noqa: E402
+from absl import app, flags  # noqa: E402
 
 import common  # noqa: E402
 import tf_dpkit  # noqa: E402
@@ -25,6 +25,9 @@ from tf_dpkit.data import poisson_batches, shuffled_batches  # noqa: E402
 
 FLAGS = common.FLAGS
 common.define_flags()
+flags.DEFINE_enum("per_example_method", "auto", ["auto", "fast", "vectorized"],
+                  "How DPSequential gets per-example gradients (for speed comparisons only; "
+                  "the result is the same).")
 
 
 class EpochReport(keras.callbacks.Callback):
@@ -50,6 +53,7 @@ def main(argv):
   if FLAGS.dpsgd:
     sigma = common.noise_multiplier(n)
     model = tf_dpkit.DPSequential(common.cnn_layers(keras))
+    model.per_example_method = FLAGS.per_example_method
     poisson = FLAGS.sampling == "poisson"
     optimizer = tf_dpkit.DPGradientDescentGaussianOptimizer(
         l2_norm_clip=FLAGS.l2_norm_clip, noise_multiplier=sigma,
