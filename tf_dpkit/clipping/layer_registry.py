@@ -122,11 +122,6 @@ class LinearNorms:
     return grads
 
 
-def linear_squared_norms(a, g, num_groups, with_bias):
-  """Squared norms of per-microbatch ``A^T G`` (+ bias ``sum_s G``), A [B,S,d], G [B,S,p]."""
-  return LinearNorms(with_bias).squared_norms(a, g, num_groups)
-
-
 def _as_sequence(t):
   """[B, ..., d] -> [B, S, d] (S = product of the middle dims, 1 for 2-D)."""
   shape = tf.shape(t)

@@ -74,8 +74,9 @@ class DPSettings:
     """Returns ``(sum_j clip(g_j) + N(0, (sigma C)^2 I)) / normalizer`` per variable.
 
     ``normalizer`` is ``expected_batch_size`` when set, else the number of microbatches
-    (``realised_microbatches``, a scalar tensor or int).  ``None`` gradients become zeros
-    plus noise is *not* applied to them: callers pass zeros for unconnected variables.
+    (``realised_microbatches``, a scalar tensor or int).  A ``None`` entry stays ``None`` (no
+    noise); every caller in tf_dpkit passes zeros for variables the loss does not reach, so
+    those variables do receive noise, as the DP-SGD analysis assumes.
     """
     noised = noise_lib.add_gaussian_noise(clipped_grads, self.noise_stddev, self.noise_key, step)
     out = []
