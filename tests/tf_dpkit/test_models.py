@@ -267,3 +267,25 @@ def test_jit_compiled_fit_matches_graph_fit(method):
     weights.append(model.get_weights())
   for a, b in zip(*weights):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_fit_on_variable_size_poisson_batches_traces_once(method):
+  from tf_dpkit.data import poisson_batches
+  traces = []
+
+  def counting_loss(y_true, y_pred):
+    traces.append(1)  # Python side effect: runs only while tracing
+    return keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
+
+  model = tf_dpkit.DPSequential(_layers())
+  model.per_example_method = method
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0, learning_rate=0.1,
+                                                            expected_batch_size=4.0, seed=0),
+                loss=counting_loss)
+  data = poisson_batches((X, Y), expected_batch_size=4, steps=30, seed=5)
+  sizes = {int(w.shape[0]) for _, _, w in data}
+  assert len(sizes) >= 3  # the batches really vary in size
+  model.fit(data, epochs=1, steps_per_epoch=30, verbose=0)
+  assert int(model.optimizer.iterations.numpy()) == 30
+  assert len(traces) == 1
