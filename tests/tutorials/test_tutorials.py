@@ -12,7 +12,10 @@ import pytest
 from analysis import pld_accountant, rdp_accountant
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TRAIN, TEST, BATCH, EPOCHS, DELTA = 512, 500, 64, 2, 1e-5
+# 64 noisy steps: over 8 fresh-noise runs per tutorial the test accuracy stayed >= 0.42 (the
+# check below asks > 0.2).  With 16 steps it fell to 0.14 on some runs (a flaky CI failure):
+# the DP noise key is secret per process, so these runs cannot be made bit-reproducible.
+TRAIN, TEST, BATCH, EPOCHS, DELTA = 1024, 500, 64, 4, 1e-5
 SIGMA, CLIP = 1.1, 1.0
 
 
