@@ -35,6 +35,13 @@ CASES = [
     ("conv1d_same", lambda: keras.layers.Conv1D(4, 3, padding="same"), lambda: _x(6, 10, 3)),
     ("conv1d_valid_strided", lambda: keras.layers.Conv1D(2, 2, strides=2),
      lambda: _x(6, 11, 3)),
+    ("depthwise2d_same_stride2_multiplier2", lambda: keras.layers.DepthwiseConv2D(
+        3, strides=2, padding="same", depth_multiplier=2, activation="relu"),
+     lambda: _x(4, 9, 8, 3)),
+    ("depthwise2d_valid_dilated_5ch_no_bias", lambda: keras.layers.DepthwiseConv2D(
+        (3, 2), dilation_rate=2, use_bias=False), lambda: _x(4, 9, 8, 5)),
+    ("depthwise1d_strided", lambda: keras.layers.DepthwiseConv1D(3, strides=2, depth_multiplier=3),
+     lambda: _x(6, 11, 4)),
     ("embedding_repeated_tokens", lambda: keras.layers.Embedding(7, 3),
      lambda: tf.constant(RNG.integers(0, 7, size=(6, 9)))),
     ("embedding_mask_zero", lambda: keras.layers.Embedding(5, 4, mask_zero=True),
@@ -132,7 +139,8 @@ def test_fast_path_on_transformer_block_with_fallback_layers():
   h = keras.layers.Embedding(20, 8)(inputs)
   attn = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)(h, h)  # layer-local fallback
   h = keras.layers.LayerNormalization()(h + attn)
-  h = keras.layers.DepthwiseConv1D(3, padding="same")(h)  # layer-local fallback
+  h = keras.layers.SeparableConv1D(8, 3, padding="same")(h)  # layer-local fallback
+  h = keras.layers.DepthwiseConv1D(3, padding="same")(h)  # registered rule
   h = keras.layers.GlobalAveragePooling1D()(h)
   outputs = keras.layers.Dense(3)(keras.layers.Dense(8, activation="gelu")(h))
   model = keras.Model(inputs, outputs)

@@ -179,8 +179,8 @@ def unfold_patches(x, kernel_hw, strides, dilations, padding):
   channels = _static(x.shape[-1])
   kh, kw = int(kernel_hw[0]), int(kernel_hw[1])
   if channels is None or channels < 4 or x.shape[1] is None or x.shape[2] is None:
-    patches = tf.nn.conv2d(x, _identity_kernel((kh, kw), channels, x.dtype), strides=strides,
-                           padding=padding, dilations=dilations)
+    patches = tf.nn.convolution(x, _identity_kernel((kh, kw), channels, x.dtype),
+                                strides=strides, padding=padding, dilations=dilations)
     return _as_sequence(patches)
   rows, (top, bottom), height = _gather_indices(int(x.shape[1]), kh, strides[0], dilations[0],
                                                 padding)
@@ -213,7 +213,9 @@ def conv_rule(layer, inputs):
   strides = list(layer.strides) if rank == 2 else [1] + list(layer.strides)
   dilations = list(layer.dilation_rate) if rank == 2 else [1] + list(layer.dilation_rate)
   padding = layer.padding.upper()
-  z = tf.nn.conv2d(x, kernel, strides=strides, padding=padding, dilations=dilations)
+  # tf.nn.convolution, not tf.nn.conv2d: without oneDNN (e.g. on AMD CPUs) Conv2DBackpropInput
+  # rejects dilation > 1, while convolution handles dilation by space-to-batch.
+  z = tf.nn.convolution(x, kernel, strides=strides, padding=padding, dilations=dilations)
   if layer.use_bias:
     z = z + layer.bias
   outputs = layer.activation(z) if layer.activation else z
@@ -227,6 +229,56 @@ def conv_rule(layer, inputs):
     return linear.squared_norms(patches, _as_sequence(g), num_groups)
   return LayerTrace(outputs, z, squared_norms,
                     lambda factors: linear.clipped_sum(factors, tf.shape(layer.kernel)))
+
+
+def depthwise_conv_rule(layer, inputs):
+  """``DepthwiseConv1D`` / ``DepthwiseConv2D`` (channels_last, padding same/valid).
+
+  Output channel ``c*m + k`` (``m`` = depth multiplier) is input channel ``c``'s patch times
+  ``kernel[..., c, k]``, so the per-microbatch kernel gradient is, per channel, the small
+  product ``patches_c^T g_c`` ([taps, m]); it is formed explicitly (cost ``M S taps C m``,
+  the same order as the forward convolution) and reused for the clipped sum.
+  """
+  rank = layer.rank
+  if (layer.data_format != "channels_last" or layer.padding not in ("same", "valid") or
+      rank not in (1, 2)):
+    return None
+  z = keras.ops.depthwise_conv(inputs, layer.kernel, strides=layer.strides,
+                               padding=layer.padding, dilation_rate=layer.dilation_rate,
+                               data_format=layer.data_format)
+  if layer.use_bias:
+    z = z + layer.bias
+  outputs = layer.activation(z) if layer.activation else z
+  x = inputs if rank == 2 else tf.expand_dims(inputs, 1)
+  kernel_hw = tuple(layer.kernel_size) if rank == 2 else (1,) + tuple(layer.kernel_size)
+  strides = list(layer.strides) if rank == 2 else [1] + list(layer.strides)
+  dilations = list(layer.dilation_rate) if rank == 2 else [1] + list(layer.dilation_rate)
+  channels, multiplier = int(layer.kernel.shape[-2]), int(layer.kernel.shape[-1])
+  taps = kernel_hw[0] * kernel_hw[1]
+  cache = {}
+
+  def squared_norms(g, num_groups):
+    patches = unfold_patches(x, kernel_hw, strides, dilations, layer.padding.upper())
+    patches = group_examples(tf.reshape(patches, tf.concat([tf.shape(patches)[:2],
+                                                            [taps, channels]], 0)), num_groups)
+    g_seq = _as_sequence(g)
+    g_grouped = group_examples(
+        tf.reshape(g_seq, tf.concat([tf.shape(g_seq)[:2], [channels, multiplier]], 0)),
+        num_groups)
+    cache["kernel"] = tf.einsum("nstc,nsck->ntck", patches, g_grouped)  # [M, taps, C, m]
+    norms = tf.reduce_sum(tf.square(cache["kernel"]), axis=[1, 2, 3])
+    if layer.use_bias:
+      cache["bias"] = tf.reduce_sum(group_examples(g_seq, num_groups), axis=1)  # [M, C*m]
+      norms += tf.reduce_sum(tf.square(cache["bias"]), axis=1)
+    return norms
+
+  def clipped_sum(factors):
+    factors = tf.cast(factors, cache["kernel"].dtype)
+    grads = [tf.reshape(tf.tensordot(factors, cache["kernel"], axes=1), tf.shape(layer.kernel))]
+    if layer.use_bias:
+      grads.append(tf.tensordot(factors, cache["bias"], axes=1))
+    return grads
+  return LayerTrace(outputs, z, squared_norms, clipped_sum)
 
 
 def embedding_rule(layer, inputs):
@@ -312,5 +364,7 @@ register_layer_rule(keras.layers.Dense, dense_rule)
 register_layer_rule(keras.layers.EinsumDense, einsum_dense_rule)
 register_layer_rule(keras.layers.Conv1D, conv_rule)
 register_layer_rule(keras.layers.Conv2D, conv_rule)
+register_layer_rule(keras.layers.DepthwiseConv1D, depthwise_conv_rule)
+register_layer_rule(keras.layers.DepthwiseConv2D, depthwise_conv_rule)
 register_layer_rule(keras.layers.Embedding, embedding_rule)
 register_layer_rule(keras.layers.LayerNormalization, layer_normalization_rule)
