@@ -116,9 +116,27 @@ def run_single(spec):
 
 
 def allocator_peak_mb(step):
-  tf.config.experimental.reset_memory_stats("CPU:0")
+  """Peak TensorFlow CPU allocator memory of one step, or None where the build keeps no CPU
+  allocator statistics (TensorFlow 2.21 keeps them only with oneDNN on, which is the default on
+  Intel CPUs but not on e.g. AMD ones; set TF_ENABLE_ONEDNN_OPTS=1 to get them there)."""
+  try:
+    tf.config.experimental.reset_memory_stats("CPU:0")
+  except ValueError:
+    return None
   step()
   return tf.config.experimental.get_memory_info("CPU:0")["peak"] / 2**20
+
+
+def cpu_description():
+  """CPU model name from /proc/cpuinfo and whether oneDNN kernels are on."""
+  model = platform.processor() or "unknown CPU"
+  try:
+    with open("/proc/cpuinfo") as f:
+      model = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+  except (OSError, StopIteration):
+    pass
+  onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default")
+  return f"{model}, TF_ENABLE_ONEDNN_OPTS={onednn}"
 
 
 def main(argv):
@@ -153,7 +171,9 @@ def main(argv):
   for r in rows:
     b = base.get((r["model"], r["batch"]))
     r["time_ratio"] = r["median_ms"] / b["median_ms"] if b else None
-    r["allocator_ratio"] = r["allocator_peak_mb"] / b["allocator_peak_mb"] if b else None
+    r["allocator_ratio"] = (r["allocator_peak_mb"] / b["allocator_peak_mb"]
+                            if b and b["allocator_peak_mb"] and r["allocator_peak_mb"] is not None
+                            else None)
     if FLAGS.rss and b:
       r["rss_ratio"] = r["rss_peak_mb"] / b["rss_peak_mb"]
   header = ("| model | batch | method | median ms/step | x non-private | TF alloc peak MB | "
@@ -163,7 +183,7 @@ def main(argv):
   for r in rows:
     lines.append(
         f"| {r['model']} | {r['batch']} | {r['method']} | {r['median_ms']:.1f} | "
-        f"{fmt(r['time_ratio'], '.2f')} | {r['allocator_peak_mb']:.1f} | "
+        f"{fmt(r['time_ratio'], '.2f')} | {fmt(r['allocator_peak_mb'], '.1f')} | "
         f"{fmt(r['allocator_ratio'], '.2f')} | {fmt(r.get('rss_peak_mb'), '.0f')} | "
         f"{fmt(r.get('rss_ratio'), '.2f')} |")
   for (name, method), why in SKIP.items():
@@ -173,13 +193,14 @@ def main(argv):
   print(table)
   meta = {"command": "python " + " ".join(sys.argv), "python": platform.python_version(),
           "tensorflow": tf.__version__, "keras": keras.__version__, "cpu_count": os.cpu_count(),
+          "cpu": cpu_description(),
           "reps": FLAGS.reps, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
   os.makedirs(FLAGS.out, exist_ok=True)
   with open(os.path.join(FLAGS.out, "step_time.json"), "w") as f:
     json.dump({"meta": meta, "rows": rows}, f, indent=1)
   with open(os.path.join(FLAGS.out, "step_time.md"), "w") as f:
     f.write(f"Command: `{meta['command']}`  \nTensorFlow {meta['tensorflow']}, Keras "
-            f"{meta['keras']}, Python {meta['python']}, {meta['cpu_count']} CPUs, "
+            f"{meta['keras']}, Python {meta['python']}, {meta['cpu_count']} CPUs ({meta['cpu']}), "
             f"{meta['reps']} interleaved reps, {meta['date']}.\n\n{table}\n")
 
 
