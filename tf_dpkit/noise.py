@@ -1,7 +1,10 @@
 """Keyed Gaussian noise for the private gradient sum.
 
-Noise for optimizer step ``t`` is drawn from a *stateless* generator seeded by
-``(key, t)``, and variable ``i`` gets the stream ``fold_in((key, t), i)``.  Hence
+Noise is drawn from a *stateless* generator: draw ``d`` at optimizer step ``t`` is seeded by
+``fold_in((key, t), d)`` and variable ``i`` gets the stream ``fold_in(that, i)`` (64-bit
+fold-ins throughout, so every stream depends on all 62 bits of the key).  DP optimizers count
+their draws ``d`` in a variable, so two private gradients computed at the same step (two
+``compute_gradients`` calls before an ``apply``) never share noise.  Hence
 
 * with an explicit ``seed`` the noise is a pure function of ``(seed, step)``: reproducible runs
   and tests, no hidden generator state to checkpoint;
@@ -42,8 +45,8 @@ def fresh_key(seed: int | None = None) -> int:
   return seed
 
 
-def add_gaussian_noise(tensors, stddev, key: int, step):
-  """Returns ``[t + N(0, stddev^2 I) for t in tensors]`` with noise keyed by ``(key, step)``.
+def add_gaussian_noise(tensors, stddev, key: int, step, draw=0):
+  """Returns ``[t + N(0, stddev^2 I) for t in tensors]`` with noise keyed by ``(key, step, draw)``.
 
   Args:
     tensors: list of float tensors (the clipped gradient sums); ``None`` entries stay ``None``.
@@ -51,17 +54,21 @@ def add_gaussian_noise(tensors, stddev, key: int, step):
       the gradients).  ``0`` returns the inputs unchanged (no random op is traced).
     key: integer noise key from :func:`fresh_key`.
     step: integer scalar (Python int or tensor), e.g. the optimizer's ``iterations``.
+    draw: integer scalar (Python int or tensor) telling apart several draws at one ``step``;
+      equal ``(key, step, draw)`` give equal noise, any difference gives independent noise.
   """
   if isinstance(stddev, (int, float)) and stddev == 0:
     return list(tensors)
-  base_seed = tf.stack([tf.constant(key, tf.int64), tf.cast(step, tf.int64)])
+  base_seed = tf.random.experimental.stateless_fold_in(
+      tf.stack([tf.constant(key, tf.int64), tf.cast(step, tf.int64)]), tf.cast(draw, tf.int64))
   noised = []
   for index, tensor in enumerate(tensors):
     if tensor is None:
       noised.append(None)
       continue
     with tf.device(tensor.device if tensor.device else None):
-      seed = tf.random.experimental.stateless_fold_in(base_seed, index)
+      # int64 data: the folded seed keeps 64 random bits (a Python int would fold as int32).
+      seed = tf.random.experimental.stateless_fold_in(base_seed, tf.constant(index, tf.int64))
       # A static shape lets the generator run without waiting for the gradient to exist.
       shape = tensor.shape if tensor.shape.is_fully_defined() else tf.shape(tensor)
       noise = stateless_standard_normal(shape, seed, tensor.dtype)

@@ -115,3 +115,19 @@ def test_fresh_key_rejects_bad_seeds(seed):
 def test_fresh_key_is_random_without_a_seed_and_the_seed_with_one():
   assert noise.fresh_key(123) == 123
   assert len({noise.fresh_key() for _ in range(4)}) == 4
+
+
+def test_add_gaussian_noise_streams_fold_in_64_bit_draw_and_variable_index():
+  # Reference seed chain written out with explicit int64 fold-ins: an int32 fold-in (a plain
+  # Python int) would derive each variable's stream from only 32 random bits.
+  key, step, draw = 2**61 + 12345, 7, 3
+  zeros = [tf.zeros([5]), tf.zeros([2, 3])]
+  out = noise.add_gaussian_noise(zeros, 1.0, key=key, step=step, draw=draw)
+  fold = tf.random.experimental.stateless_fold_in
+  base = fold(tf.constant([key, step], tf.int64), tf.constant(draw, tf.int64))
+  for index, (z, got) in enumerate(zip(zeros, out)):
+    seed = fold(base, tf.constant(index, tf.int64))
+    want = noise.stateless_standard_normal(z.shape, seed, tf.float32)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+  other_draw = noise.add_gaussian_noise(zeros, 1.0, key=key, step=step, draw=draw + 1)
+  assert not np.allclose(out[0].numpy(), other_draw[0].numpy())

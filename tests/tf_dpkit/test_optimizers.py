@@ -115,6 +115,30 @@ def test_seeded_noise_is_reproducible_and_changes_per_step():
   assert not np.allclose(a[0], c[0])
 
 
+def test_two_private_gradients_at_one_step_get_independent_noise():
+  # Equal noise on two batches at one step would cancel in their difference and leak it.
+  opt = tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0, learning_rate=1.0, seed=3)
+  w = tf.Variable(tf.zeros([20000]))
+
+  @tf.function
+  def private_gradient():
+    with tf.GradientTape() as tape:
+      loss = tf.zeros([2]) * tf.reduce_sum(w)
+    return opt.compute_gradients(loss, [w], tape=tape)[0][0]
+
+  eager = []
+  for _ in range(2):
+    with tf.GradientTape() as tape:
+      loss = tf.zeros([2]) * tf.reduce_sum(w)
+    eager.append(opt.compute_gradients(loss, [w], tape=tape)[0][0].numpy())
+  traced = [private_gradient().numpy(), private_gradient().numpy()]
+  assert int(opt.iterations.numpy()) == 0
+  draws = eager + traced
+  for i in range(len(draws)):
+    for j in range(i):
+      assert abs(np.corrcoef(draws[i], draws[j])[0, 1]) < 5 / np.sqrt(w.shape[0])
+
+
 def test_unseeded_optimizers_draw_different_noise_and_key_stays_out_of_config():
   o1 = tf_dpkit.DPAdamGaussianOptimizer(1.0, 1.0, learning_rate=0.1)
   o2 = tf_dpkit.DPAdamGaussianOptimizer(1.0, 1.0, learning_rate=0.1)

@@ -55,6 +55,19 @@ class DPSettings:
             f"num_microbatches=None (one microbatch per example), got {num_microbatches}.")
     self.expected_batch_size = expected_batch_size
     self.noise_key = noise_lib.fresh_key(seed)
+    self._noise_draws = None
+
+  def next_noise_draw(self):
+    """Increments and returns the count of noise draws (an int64 variable made on first use).
+
+    Folded into the noise seed so that every private gradient gets fresh noise, also when a
+    caller computes two at the same optimizer step.  In a ``tf.compat.v1`` graph the counter is
+    a global variable (``dp_noise_step``): initialise it with the others.
+    """
+    if self._noise_draws is None:
+      with tf.init_scope():
+        self._noise_draws = tf.Variable(0, dtype=tf.int64, trainable=False, name="dp_noise_step")
+    return self._noise_draws.assign_add(1)
 
   @property
   def noise_stddev(self) -> float:
@@ -73,12 +86,18 @@ class DPSettings:
   def private_average(self, clipped_grads, realised_microbatches, step):
     """Returns ``(sum_j clip(g_j) + N(0, (sigma C)^2 I)) / normalizer`` per variable.
 
+    The noise is keyed by ``(noise_key, step, next_noise_draw())``: ``step`` (the optimizer's
+    iteration count, or 0) makes runs resumed from a checkpoint with a fixed ``seed`` continue
+    the noise sequence instead of repeating it; the draw counter makes repeated calls at one
+    step independent.
+
     ``normalizer`` is ``expected_batch_size`` when set, else the number of microbatches
     (``realised_microbatches``, a scalar tensor or int).  A ``None`` entry stays ``None`` (no
     noise); every caller in tf_dpkit passes zeros for variables the loss does not reach, so
     those variables do receive noise, as the DP-SGD analysis assumes.
     """
-    noised = noise_lib.add_gaussian_noise(clipped_grads, self.noise_stddev, self.noise_key, step)
+    noised = noise_lib.add_gaussian_noise(clipped_grads, self.noise_stddev, self.noise_key, step,
+                                          self.next_noise_draw())
     out = []
     for g in noised:
       if g is None:

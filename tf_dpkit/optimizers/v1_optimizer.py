@@ -2,8 +2,9 @@
 
 In a ``tf.compat.v1`` graph the vector loss needs no tape: per-microbatch gradients are the
 rows of the Jacobian built with ``parallel_for``.  Because a graph is run many times, the noise
-step is a counter variable (``dp_noise_step``) incremented by every gradient computation, so each
-``session.run`` draws fresh noise; initialise it with the other variables.
+is keyed by a counter variable (``dp_noise_step``, see ``DPSettings.next_noise_draw``)
+incremented by every gradient computation, so each ``session.run`` draws fresh noise; initialise
+it with the other variables.
 """
 from __future__ import annotations
 
@@ -42,16 +43,7 @@ def make_v1_dp_class(base):
       self._dp = DPSettings(l2_norm_clip, noise_multiplier, num_microbatches,
                             expected_batch_size=expected_batch_size, seed=seed)
       self._dp_certificate = PrivateGradientCertificate()
-      self._dp_noise_step = None
       super().__init__(*args, **kwargs)
-
-
-    def _next_noise_step(self):
-      if self._dp_noise_step is None:
-        with tf.init_scope():
-          self._dp_noise_step = tf.Variable(
-              0, dtype=tf.int64, trainable=False, name="dp_noise_step")
-      return self._dp_noise_step.assign_add(1)
 
     def compute_gradients(self, loss, var_list=None, gate_gradients=base.GATE_OP,
                           aggregation_method=None, colocate_gradients_with_ops=False,
@@ -73,8 +65,7 @@ def make_v1_dp_class(base):
         raise ValueError("No variables to optimize.")
       clipped = clipped_sum_from_vector_loss(
           loss, var_list, self._dp.l2_norm_clip, self._dp.num_microbatches, tape=tape)
-      grads = self._dp.private_average(
-          clipped.grads, tf.shape(clipped.losses)[0], self._next_noise_step())
+      grads = self._dp.private_average(clipped.grads, tf.shape(clipped.losses)[0], step=0)
       self._dp_certificate.issue(grads)
       return list(zip(grads, var_list))
 
