@@ -18,6 +18,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tf_dpkit.clipping import clipped_sum_vectorized
+from tf_dpkit.clipping.clipped_sum import per_example_losses, per_example_weights
 from tf_dpkit.clipping.fast_path import clipped_sum_fast, fast_path_available
 
 METHODS = ("auto", "fast", "vectorized")
@@ -41,8 +42,9 @@ def resolve_method(model, method):
     return "fast" if fast_path_available(model) else "vectorized"
   if method == "fast" and not fast_path_available(model):
     raise ValueError(
-        f"method='fast' needs a Keras functional or Sequential model (built with an Input); "
-        f"{type(model).__name__} is not one. Use method='vectorized'.")
+        f"method='fast' needs a Keras functional or Sequential model (built with an Input) "
+        f"that calls each trainable layer once and shares no variable between layers; "
+        f"this {type(model).__name__} is not one. Use method='vectorized'.")
   return method
 
 
@@ -51,8 +53,7 @@ def clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_no
   """``(ClippedSum, y_pred)`` for a Keras model; see the module docstring for ``method``."""
   _check_no_batch_normalization(model)
   batch = tf.shape(tf.nest.flatten(x)[0])[0]
-  if sample_weight is None:
-    sample_weight = tf.ones([batch], tf.float32)
+  sample_weight = per_example_weights(sample_weight, batch)
   if resolve_method(model, method) == "fast":
     return clipped_sum_fast(model, per_example_loss_fn, (x, y, sample_weight), l2_norm_clip,
                             num_microbatches)
@@ -60,8 +61,7 @@ def clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_no
   def microbatch_loss(inputs):
     x_mb, y_mb, w_mb = inputs
     y_pred = model(x_mb, training=True)
-    per_example = tf.convert_to_tensor(per_example_loss_fn(y_mb, y_pred))
-    per_example = tf.reduce_mean(tf.reshape(per_example, [tf.shape(w_mb)[0], -1]), axis=1)
+    per_example = per_example_losses(per_example_loss_fn(y_mb, y_pred), tf.shape(w_mb)[0])
     return per_example * tf.cast(w_mb, per_example.dtype), y_pred
 
   return clipped_sum_vectorized(microbatch_loss, (x, y, sample_weight),
@@ -76,7 +76,8 @@ def private_gradients(optimizer, model, per_example_loss_fn, x, y, sample_weight
     optimizer: a tf_dpkit Keras DP optimizer (its clip, noise and microbatch settings apply).
     model: a Keras model.
     per_example_loss_fn: ``f(y_true, y_pred) -> [B]`` losses, one per example (unreduced).
-    x, y: a batch; ``sample_weight`` optional [B] weights multiplying each example's loss.
+    x, y: a batch; ``sample_weight`` optional [B] (or [B, 1]) weights multiplying each
+      example's loss.
     method: ``"auto"``, ``"fast"`` or ``"vectorized"``.
   """
   clipped, _ = clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight,

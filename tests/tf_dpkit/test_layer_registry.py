@@ -162,3 +162,90 @@ def test_layer_called_twice_is_left_to_the_vectorized_path():
   assert not fast_path_available(model)
   with pytest.raises(ValueError, match="called more than once.*shared"):
     clipped_sum_fast(model, MSE, (_x(6, 4), _x(6, 1), tf.ones([6])), 1.0)
+
+
+class _TiedTranspose(keras.layers.Layer):
+  """Output layer reusing another Dense layer's kernel, transposed (tied weights)."""
+
+  def __init__(self, source, **kwargs):
+    super().__init__(**kwargs)
+    self.source = source
+
+  def call(self, inputs):
+    return tf.matmul(inputs, self.source.kernel, transpose_b=True)
+
+
+def _tied_model():
+  inputs = keras.Input((5,))
+  encoder = keras.layers.Dense(3, activation="tanh", name="encoder")
+  outputs = _TiedTranspose(encoder, name="decoder")(encoder(inputs))
+  return keras.Model(inputs, outputs)
+
+
+def test_variable_shared_by_two_layers_is_left_to_the_vectorized_path():
+  # Adding the two layers' squared norms drops the cross term of the shared kernel's
+  # per-example gradient and can under-clip, so the fast path must refuse.
+  model = _tied_model()
+  x, y = _x(6, 5), _x(6, 5)
+  assert not fast_path_available(model)
+  with pytest.raises(ValueError, match="shared by several layers.*encoder"):
+    clipped_sum_fast(model, MSE, (x, y, tf.ones([6])), 0.1)
+  from tf_dpkit.model_gradients import clipped_sum_for_model
+  auto, _ = clipped_sum_for_model(model, MSE, x, y, None, 0.1)
+  expected, norms = _brute_force_clipped_sum(model, MSE, x, y, 0.1)
+  np.testing.assert_allclose(auto.norms.numpy(), norms, rtol=2e-4)
+  for a, b in zip(auto.grads, expected):
+    np.testing.assert_allclose(a.numpy(), b, rtol=2e-4, atol=2e-6)
+
+
+class _TwoDenseSharingAKernel(keras.layers.Layer):
+  def __init__(self, **kwargs):
+    super().__init__(**kwargs)
+    self.first = keras.layers.Dense(4, use_bias=False, name="first")
+    self.second = keras.layers.Dense(4, use_bias=False, name="second")
+
+  def build(self, input_shape):
+    self.first.build(input_shape)
+    self.second.build(input_shape)
+    # pylint: disable=protected-access
+    self.second._tracker.unlock()
+    self.second._trainable_variables.clear()
+    self.second._kernel = self.first._kernel
+    self.second._tracker.lock()
+
+  def call(self, inputs):
+    return self.second(tf.tanh(self.first(inputs)))
+
+
+def test_sublayers_sharing_a_variable_inside_one_layer_are_refused_at_trace_time():
+  inputs = keras.Input((4,))
+  model = keras.Model(inputs, keras.layers.Dense(1)(_TwoDenseSharingAKernel(name="pair")(inputs)))
+  assert model.layers[1].second.kernel is model.layers[1].first.kernel
+  with pytest.raises(ValueError, match="used by layers 'first' and 'second'"):
+    clipped_sum_fast(model, MSE, (_x(6, 4), _x(6, 1), tf.ones([6])), 1.0)
+
+
+@pytest.mark.parametrize("method", ["fast", "vectorized"])
+def test_sample_weight_column_equals_vector_and_other_shapes_are_refused(method):
+  from tf_dpkit.model_gradients import clipped_sum_for_model
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  x, y = _x(5, 3), _x(5, 2)
+  w = tf.constant([0.5, 1.0, 0.0, 2.0, 1.5])
+  vector, _ = clipped_sum_for_model(model, MSE, x, y, w, 0.7, method=method)
+  column, _ = clipped_sum_for_model(model, MSE, x, y, w[:, None], 0.7, method=method)
+  np.testing.assert_allclose(column.losses.numpy(), vector.losses.numpy(), rtol=1e-6)
+  for a, b in zip(column.grads, vector.grads):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+  np.testing.assert_allclose(vector.losses.numpy(), w.numpy() * MSE(y, model(x)).numpy(),
+                             rtol=1e-5)
+  with pytest.raises(ValueError, match=r"sample_weight must have shape \[batch\] or \[batch, 1\]"):
+    clipped_sum_for_model(model, MSE, x, y, tf.ones([5, 2]), 0.7, method=method)
+
+
+@pytest.mark.parametrize("method", ["fast", "vectorized"])
+def test_scalar_loss_is_refused_with_the_fix(method):
+  from tf_dpkit.model_gradients import clipped_sum_for_model
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  scalar_mse = lambda y, p: tf.reduce_mean(tf.square(p - y))
+  with pytest.raises(ValueError, match="returned a scalar.*one loss per example"):
+    clipped_sum_for_model(model, scalar_mse, _x(4, 3), _x(4, 2), None, 1.0, method=method)

@@ -28,6 +28,39 @@ class ClippedSum(NamedTuple):
   losses: tf.Tensor
 
 
+def per_example_losses(values, batch, name="the per-example loss function") -> tf.Tensor:
+  """Returns ``values`` ([B] or [B, ...]) as [B] per-example losses (mean over trailing axes).
+
+  Raises ``ValueError`` for a scalar, which has already summed examples together: clipping
+  needs one loss per example.
+  """
+  values = tf.convert_to_tensor(values)
+  if values.shape.rank == 0:
+    raise ValueError(
+        f"{name} returned a scalar; DP-SGD needs one loss per example (shape [batch] or "
+        "[batch, ...]). Use an unreduced loss, e.g. a keras.losses function or a Loss with "
+        "reduction=None.")
+  return tf.reduce_mean(tf.reshape(values, [batch, -1]), axis=1)
+
+
+def per_example_weights(sample_weight, batch) -> tf.Tensor:
+  """Returns ``sample_weight`` ([B] or [B, 1]) as [B]; ones when it is ``None``.
+
+  Raises ``ValueError`` for any other static shape (e.g. per-timestep weights [B, T]): each
+  example must enter the clipped sum with one scalar weight.
+  """
+  if sample_weight is None:
+    return tf.ones([batch], tf.float32)
+  sample_weight = tf.convert_to_tensor(sample_weight)
+  shape = sample_weight.shape
+  if shape.rank is not None and (shape.rank == 0 or any(
+      d is not None and d != 1 for d in shape.as_list()[1:])):
+    raise ValueError(
+        f"sample_weight must have shape [batch] or [batch, 1] (one weight per example), got "
+        f"{shape}.")
+  return tf.reshape(sample_weight, [batch])
+
+
 def global_norms(per_microbatch_grads) -> tf.Tensor:
   """Returns the [M] L2 norms of per-microbatch gradients stacked on axis 0 of each tensor.
 

@@ -24,7 +24,7 @@ import keras
 import tensorflow as tf
 from keras.src.models import functional as keras_functional
 
-from tf_dpkit.clipping.clipped_sum import ClippedSum, clip_factors
+from tf_dpkit.clipping.clipped_sum import ClippedSum, clip_factors, per_example_losses
 from tf_dpkit.clipping.layer_registry import LayerTrace, group_examples, lookup_rule
 
 
@@ -48,14 +48,38 @@ def _shared_trainable_layers(graph):
   return [name for name, count in calls.values() if count > 1]
 
 
+def _variables_of_several_layers(graph):
+  """Names of trainable variables owned by more than one layer of the graph (tied weights)."""
+  owners = {}
+  for layer in graph.layers:
+    for v in layer.trainable_variables:
+      owners.setdefault(id(v), (v.path if hasattr(v, "path") else v.name, set()))[1].add(id(layer))
+  return [name for name, layers in owners.values() if len(layers) > 1]
+
+
+def _check_records_own_distinct_variables(records):
+  seen = {}
+  for layer, _ in records:
+    for v in layer.trainable_variables:
+      if id(v) in seen and seen[id(v)] is not layer:
+        raise ValueError(
+            f"Variable {v.name!r} is used by layers {seen[id(v)].name!r} and {layer.name!r}: "
+            "its per-example gradient is a sum over both, whose norm the per-layer fast path "
+            "cannot give (it would under-clip). Use per_example_method='vectorized'.")
+      seen[id(v)] = layer
+
+
 def fast_path_available(model) -> bool:
   """True when ``model`` is a Keras layer graph the fast path can walk exactly.
 
-  False for subclassed models and for graphs that call one trainable layer more than once (its
-  per-example gradient is then a sum over calls, whose norm the per-call rules cannot give).
+  False for subclassed models, for graphs that call one trainable layer more than once, and for
+  graphs in which two layers share a trainable variable (tied weights): a per-example gradient
+  is then a sum over uses, whose norm the per-use rules cannot give (adding their squared norms
+  would under-estimate it and under-clip).
   """
   graph = layer_graph(model)
-  return graph is not None and not _shared_trainable_layers(graph)
+  return (graph is not None and not _shared_trainable_layers(graph)
+          and not _variables_of_several_layers(graph))
 
 
 def _layer_local_trace(layer, args, kwargs, outputs):
@@ -146,8 +170,8 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
   Args:
     model: a built Keras functional or Sequential model (see :func:`fast_path_available`).
     per_example_loss_fn: ``f(y_true, y_pred) -> [B]`` (or [B, ...], averaged per example).
-    inputs: ``(x, y, sample_weight)`` with batch dimension B; ``sample_weight`` [B] multiplies
-      each example's loss.
+    inputs: ``(x, y, sample_weight)`` with batch dimension B; ``sample_weight`` ([B] or [B, 1])
+      multiplies each example's loss.
     l2_norm_clip: clip norm C > 0.
     num_microbatches: None (per example) or M dividing B.
 
@@ -162,6 +186,10 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
   if shared:
     raise ValueError(f"The fast path cannot handle layers called more than once: {shared}; use "
                      "the vectorized path.")
+  tied = _variables_of_several_layers(graph)
+  if tied:
+    raise ValueError(f"The fast path cannot handle variables shared by several layers: {tied}; "
+                     "use the vectorized path.")
   x, y, sample_weight = inputs
   batch = tf.shape(tf.nest.flatten(x)[0])[0]
   groups = batch if num_microbatches is None else num_microbatches
@@ -202,10 +230,10 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
       x_std = graph._standardize_inputs(x)  # pylint: disable=protected-access
       y_pred = graph._run_through_graph(x_std, operation_fn=operation_fn)  # pylint: disable=protected-access
       y_pred = tf.nest.flatten(y_pred)[0] if isinstance(y_pred, (list, tuple)) else y_pred
-      per_example = tf.convert_to_tensor(per_example_loss_fn(y, y_pred))
-      per_example = tf.reduce_mean(tf.reshape(per_example, [batch, -1]), axis=1)
-      per_example *= tf.cast(sample_weight, per_example.dtype)
+      per_example = per_example_losses(per_example_loss_fn(y, y_pred), batch)
+      per_example *= tf.cast(tf.reshape(sample_weight, [batch]), per_example.dtype)
       total = tf.reduce_sum(per_example) / tf.cast(per_group, per_example.dtype)
+  _check_records_own_distinct_variables(records)
   watched = [trace.watched for _, trace in records]
   output_grads = tape.gradient(total, watched, unconnected_gradients=tf.UnconnectedGradients.ZERO)
   squared = tf.add_n([trace.squared_norms(g, groups)
