@@ -61,7 +61,8 @@ def clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_no
   def microbatch_loss(inputs):
     x_mb, y_mb, w_mb = inputs
     y_pred = model(x_mb, training=True)
-    per_example = per_example_losses(per_example_loss_fn(y_mb, y_pred), tf.shape(w_mb)[0])
+    per_example = per_example_losses(per_example_loss_fn(y_mb, y_pred), tf.shape(w_mb)[0],
+                                     mask=getattr(y_pred, "_keras_mask", None))
     return per_example * tf.cast(w_mb, per_example.dtype), y_pred
 
   return clipped_sum_vectorized(microbatch_loss, (x, y, sample_weight),

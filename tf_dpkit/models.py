@@ -17,7 +17,10 @@ cannot make ``fit`` private.  ``make_dp_model_class(Base)`` returns a subclass o
    forward pass).
 
 Compiling with a non-DP optimizer raises ``TypeError``.  Single-output models with one loss are
-supported; ``activity_regularizer`` (a data-dependent loss) is refused.
+supported; ``activity_regularizer`` and ``add_loss`` (batch-level, data-dependent losses that
+cannot be clipped per example) are refused.  When the model's output carries a Keras mask
+(e.g. after ``Embedding(mask_zero=True)`` in a sequence model), each example's loss is the
+mean over its unmasked positions.
 """
 from __future__ import annotations
 
@@ -62,6 +65,11 @@ class _DPTrainStep:
           f"learning_rate=...)), got {optimizer!r}.")
     self._dp_per_example_loss = _per_example_loss_fn(loss)
     super().compile(optimizer=optimizer, loss=loss, **kwargs)
+    if not is_dp_optimizer(self.optimizer):
+      raise ValueError(
+          f"Keras wrapped the DP optimizer in {type(self.optimizer).__name__} (the "
+          f"'{self.dtype_policy.name}' dtype policy does this); dynamic loss scaling is not "
+          "supported by DP models. Use the 'float32' or 'mixed_bfloat16' policy.")
 
   def compile_from_config(self, config):
     """Re-compiles a loaded ``.keras`` model with its saved DP optimizer and loss."""
@@ -69,6 +77,15 @@ class _DPTrainStep:
     self.compile(**config)
     if self.built:
       self.optimizer.build(self.trainable_variables)
+
+  def _check_no_added_losses(self):
+    added = [layer.name for layer in self._flatten_layers()
+             if getattr(layer, "_losses", None)]
+    if added:
+      raise ValueError(
+          f"Layers {added} call add_loss(): such a loss is computed from the whole batch and "
+          "is not clipped per example, so DP models refuse it. Make it part of the per-example "
+          "loss passed to compile(), or a weight regularizer (added after clipping).")
 
   def _check_no_activity_regularizers(self):
     for layer in self._flatten_layers():
@@ -89,14 +106,19 @@ class _DPTrainStep:
     clipped, y_pred = clipped_sum_for_model(
         self, self._dp_per_example_loss, x, y, sample_weight, optimizer.l2_norm_clip,
         optimizer.num_microbatches, self.per_example_method)
+    self._check_no_added_losses()
     grads = optimizer.privatize(clipped.grads, tf.shape(clipped.losses)[0])
     mean_loss = tf.reduce_mean(clipped.losses)
     with tf.GradientTape() as tape:
       regularization = _weight_regularization(variables)
     if regularization is not None:
       reg_grads = tape.gradient(regularization, variables)
+      # privatize() multiplied the private gradient by loss_scale_factor (apply divides by
+      # it); the regulariser's gradient must carry the same factor.
+      scale = optimizer.loss_scale_factor
       grads = optimizer._dp_certificate.issue(  # pylint: disable=protected-access
-          [g if r is None else g + tf.cast(r, g.dtype) for g, r in zip(grads, reg_grads)])
+          [g if r is None else g + tf.cast(r if scale is None else r * scale, g.dtype)
+           for g, r in zip(grads, reg_grads)])
       mean_loss = mean_loss + regularization
     optimizer.apply(grads, variables)
     batch = tf.shape(tf.nest.flatten(x)[0])[0]

@@ -93,14 +93,15 @@ def test_sample_weight_zero_removes_an_example():
     np.testing.assert_allclose(wa, wb, rtol=1e-5, atol=1e-7)
 
 
-def test_regularization_is_added_after_clipping():
+@pytest.mark.parametrize("loss_scale_factor", [None, 8.0])
+def test_regularization_is_added_after_clipping(loss_scale_factor):
   reg = 0.5
   layers = [keras.Input((3,)), keras.layers.Dense(2, kernel_regularizer=keras.regularizers.L2(reg))]
   model = tf_dpkit.DPSequential(layers)
   kernel0 = model.layers[0].kernel.numpy().copy()
   bias0 = model.layers[0].bias.numpy().copy()
-  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1e-6, 0.0, learning_rate=1.0, seed=0),
-                loss=LOSS)
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(
+      1e-6, 0.0, learning_rate=1.0, seed=0, loss_scale_factor=loss_scale_factor), loss=LOSS)
   model.fit(X[:4], Y[:4], batch_size=4, verbose=0, shuffle=False)
   # Clipped data gradients are at most 1e-6 in norm; the L2 gradient 2*reg*W passes unclipped.
   np.testing.assert_allclose(model.layers[0].kernel.numpy(), kernel0 - 2 * reg * kernel0, atol=1e-5)
@@ -289,3 +290,49 @@ def test_fit_on_variable_size_poisson_batches_traces_once(method):
   model.fit(data, epochs=1, steps_per_epoch=30, verbose=0)
   assert int(model.optimizer.iterations.numpy()) == 30
   assert len(traces) == 1
+
+
+class _AddsBatchLoss(keras.layers.Layer):
+  def call(self, inputs):
+    self.add_loss(tf.reduce_mean(tf.square(inputs)))
+    return inputs
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_add_loss_is_refused(method):
+  model = tf_dpkit.DPSequential([keras.Input((3,)), _AddsBatchLoss(name="penalty"),
+                                 keras.layers.Dense(2)])
+  model.per_example_method = method
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 0.0, learning_rate=0.1), loss=LOSS)
+  with pytest.raises(ValueError, match="penalty.*add_loss"):
+    model.fit(X, Y, batch_size=4, verbose=0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_masked_sequence_loss_is_the_mean_over_unmasked_positions(method):
+  from tf_dpkit.model_gradients import clipped_sum_for_model
+  model = keras.Sequential([keras.Input((5,), dtype="int32"),
+                            keras.layers.Embedding(6, 4, mask_zero=True), keras.layers.Dense(3)])
+  ids = np.array([[1, 2, 0, 0, 0], [3, 4, 5, 1, 0], [2, 0, 0, 0, 0], [0, 0, 0, 0, 0]], np.int32)
+  labels = RNG.integers(0, 3, size=ids.shape)
+  xent = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+  clipped, _ = clipped_sum_for_model(model, xent.call, tf.constant(ids), tf.constant(labels),
+                                     None, 100.0, method=method)
+  logits = model(ids).numpy().astype(np.float64)
+  log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  token_loss = -np.take_along_axis(log_softmax, labels[..., None], axis=-1)[..., 0]
+  mask = ids != 0
+  expected = (token_loss * mask).sum(1) / np.maximum(mask.sum(1), 1)
+  np.testing.assert_allclose(clipped.losses.numpy(), expected, rtol=1e-5)
+
+
+def test_mixed_float16_loss_scaling_is_refused_with_the_fix():
+  policy = keras.config.dtype_policy()
+  keras.config.set_dtype_policy("mixed_float16")
+  try:
+    model = tf_dpkit.DPSequential(_layers())
+    with pytest.raises(ValueError, match="LossScaleOptimizer.*mixed_bfloat16"):
+      model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 0.0, learning_rate=0.1),
+                    loss=LOSS)
+  finally:
+    keras.config.set_dtype_policy(policy)

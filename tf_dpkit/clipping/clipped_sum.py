@@ -28,11 +28,15 @@ class ClippedSum(NamedTuple):
   losses: tf.Tensor
 
 
-def per_example_losses(values, batch, name="the per-example loss function") -> tf.Tensor:
+def per_example_losses(values, batch, mask=None,
+                       name="the per-example loss function") -> tf.Tensor:
   """Returns ``values`` ([B] or [B, ...]) as [B] per-example losses (mean over trailing axes).
 
-  Raises ``ValueError`` for a scalar, which has already summed examples together: clipping
-  needs one loss per example.
+  With a ``mask`` (a Keras output mask, [B, T] or matching ``values``'s leading axes) and
+  ``values`` of rank >= 2, each example's loss is the mean over its unmasked positions,
+  ``sum_t m_t v_t / max(1, sum_t m_t)``; an example with no unmasked position gets 0.  Raises
+  ``ValueError`` for a scalar, which has already summed examples together: clipping needs one
+  loss per example.
   """
   values = tf.convert_to_tensor(values)
   if values.shape.rank == 0:
@@ -40,6 +44,14 @@ def per_example_losses(values, batch, name="the per-example loss function") -> t
         f"{name} returned a scalar; DP-SGD needs one loss per example (shape [batch] or "
         "[batch, ...]). Use an unreduced loss, e.g. a keras.losses function or a Loss with "
         "reduction=None.")
+  if mask is not None and values.shape.rank is not None and values.shape.rank >= 2:
+    mask = tf.cast(mask, values.dtype)
+    while mask.shape.rank < values.shape.rank:
+      mask = mask[..., None]
+    mask = tf.broadcast_to(mask, tf.shape(values))
+    masked_sum = tf.reduce_sum(tf.reshape(values * mask, [batch, -1]), axis=1)
+    count = tf.reduce_sum(tf.reshape(mask, [batch, -1]), axis=1)
+    return masked_sum / tf.maximum(count, 1.0)
   return tf.reduce_mean(tf.reshape(values, [batch, -1]), axis=1)
 
 

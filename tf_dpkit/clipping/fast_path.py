@@ -200,6 +200,11 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
         message=f"num_microbatches={num_microbatches} must divide the batch size. For the last, "
         "smaller batch use `drop_remainder=True` in the input pipeline, or "
         "`num_microbatches=None` (one microbatch per example)."))
+  if checks:
+    # Route every input through the check, so that no op (e.g. a rule reshaping the raw input
+    # into microbatches) can fail with a less helpful error before the check has run.
+    with tf.control_dependencies(checks):
+      x, y, sample_weight = tf.nest.map_structure(tf.identity, (x, y, sample_weight))
   per_group = tf.cast(batch // groups, tf.float32)
   records = []
 
@@ -230,7 +235,8 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
       x_std = graph._standardize_inputs(x)  # pylint: disable=protected-access
       y_pred = graph._run_through_graph(x_std, operation_fn=operation_fn)  # pylint: disable=protected-access
       y_pred = tf.nest.flatten(y_pred)[0] if isinstance(y_pred, (list, tuple)) else y_pred
-      per_example = per_example_losses(per_example_loss_fn(y, y_pred), batch)
+      per_example = per_example_losses(per_example_loss_fn(y, y_pred), batch,
+                                       mask=getattr(y_pred, "_keras_mask", None))
       per_example *= tf.cast(tf.reshape(sample_weight, [batch]), per_example.dtype)
       total = tf.reduce_sum(per_example) / tf.cast(per_group, per_example.dtype)
   _check_records_own_distinct_variables(records)

@@ -55,18 +55,19 @@ class DPSettings:
             f"num_microbatches=None (one microbatch per example), got {num_microbatches}.")
     self.expected_batch_size = expected_batch_size
     self.noise_key = noise_lib.fresh_key(seed)
-    self._noise_draws = None
+    # Made here, not on first use: a variable created while tf.function traces the train step
+    # would make it trace twice.
+    with tf.init_scope():
+      self._noise_draws = tf.Variable(0, dtype=tf.int64, trainable=False, name="dp_noise_step")
 
   def next_noise_draw(self):
-    """Increments and returns the count of noise draws (an int64 variable made on first use).
+    """Increments and returns the count of noise draws (an int64 variable).
 
     Folded into the noise seed so that every private gradient gets fresh noise, also when a
     caller computes two at the same optimizer step.  In a ``tf.compat.v1`` graph the counter is
-    a global variable (``dp_noise_step``): initialise it with the others.
+    a global variable (``dp_noise_step``) of the graph the optimizer was made in: initialise it
+    with the others.
     """
-    if self._noise_draws is None:
-      with tf.init_scope():
-        self._noise_draws = tf.Variable(0, dtype=tf.int64, trainable=False, name="dp_noise_step")
     return self._noise_draws.assign_add(1)
 
   @property
