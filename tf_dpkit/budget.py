@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import warnings
 
 import keras
@@ -58,6 +59,16 @@ def _check_choice(name, value, allowed):
     raise ValueError(f"{name} must be one of {allowed}, got {value!r}.")
 
 
+def _is_real(value):
+  return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_int(name, value, minimum):
+  if not (_is_real(value) and math.isfinite(value) and int(value) == value and value >= minimum):
+    raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+  return int(value)
+
+
 class PrivacyAccountant:
   """Records DP-SGD steps and reports (epsilon, delta).
 
@@ -68,7 +79,7 @@ class PrivacyAccountant:
   """
 
   def __init__(self, delta: float, accountant: str = "rdp"):
-    if not 0 < delta < 1:
+    if not (_is_real(delta) and 0 < delta < 1):
       raise ValueError(f"delta must be in (0, 1), got {delta!r}.")
     _check_choice("accountant", accountant, ACCOUNTANTS)
     self.delta = float(delta)
@@ -93,19 +104,19 @@ class PrivacyAccountant:
       microbatch_size: examples per microbatch (>= 1).
       steps_per_epoch: required for ``"shuffle"``: batches per pass over the data.
     """
-    if not 0 < sampling_probability <= 1:
+    if not (_is_real(sampling_probability) and 0 < sampling_probability <= 1):
       raise ValueError(f"sampling_probability must be in (0, 1], got {sampling_probability!r}.")
-    if not noise_multiplier >= 0:
-      raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier!r}.")
-    if int(steps) != steps or steps < 0:
-      raise ValueError(f"steps must be an integer >= 0, got {steps!r}.")
+    if not (_is_real(noise_multiplier) and noise_multiplier >= 0):
+      raise ValueError(f"noise_multiplier must be >= 0 (inf allowed), got {noise_multiplier!r}.")
+    steps = _check_int("steps", steps, 0)
     _check_choice("sampling", sampling, SAMPLINGS)
-    if int(microbatch_size) != microbatch_size or microbatch_size < 1:
-      raise ValueError(f"microbatch_size must be an integer >= 1, got {microbatch_size!r}.")
-    if sampling == "shuffle" and (steps_per_epoch is None or steps_per_epoch < 1):
+    microbatch_size = _check_int("microbatch_size", microbatch_size, 1)
+    if sampling == "shuffle" and steps_per_epoch is None:
       raise ValueError("sampling='shuffle' needs steps_per_epoch (an integer >= 1).")
-    phase = Phase(float(sampling_probability), float(noise_multiplier), int(steps), sampling,
-                  int(microbatch_size), None if steps_per_epoch is None else int(steps_per_epoch))
+    if steps_per_epoch is not None:
+      steps_per_epoch = _check_int("steps_per_epoch", steps_per_epoch, 1)
+    phase = Phase(float(sampling_probability), float(noise_multiplier), steps, sampling,
+                  microbatch_size, steps_per_epoch)
     if self.phases and self.phases[-1].same_kind(phase):
       self.phases[-1].steps += phase.steps
     elif phase.steps:
@@ -139,9 +150,19 @@ class PrivacyAccountant:
 
   def load_state_dict(self, state: dict) -> None:
     """Restores a snapshot from :meth:`state_dict` (a resumed run continues from there)."""
-    self.delta = float(state["delta"])
-    self.accountant = state["accountant"]
-    self.phases = [Phase(**p) for p in state["phases"]]
+    try:
+      restored = PrivacyAccountant(state["delta"], state["accountant"])
+      for p in state["phases"]:
+        restored._append_phase(Phase(**p))  # pylint: disable=protected-access
+    except (KeyError, TypeError) as error:
+      raise ValueError(f"Not a PrivacyAccountant state_dict: {error!r}.") from error
+    self.delta, self.accountant, self.phases = restored.delta, restored.accountant, restored.phases
+
+  def _append_phase(self, phase: Phase) -> None:
+    """Validates ``phase`` like :meth:`record` and appends it (restoring keeps phase order)."""
+    self.record(phase.sampling_probability, phase.noise_multiplier, phase.steps,
+                sampling=phase.sampling, microbatch_size=phase.microbatch_size,
+                steps_per_epoch=phase.steps_per_epoch)
 
   @classmethod
   def from_state_dict(cls, state: dict) -> "PrivacyAccountant":
@@ -159,24 +180,30 @@ class PrivacyBudget(keras.callbacks.Callback):
 
   Args:
     sampling_probability: q = expected batch size / dataset size, in (0, 1].
-    delta: delta in (0, 1) at which epsilon is reported.
+    delta: delta in (0, 1) at which epsilon is reported; default 1e-5, or the delta of a given
+      ``accountant`` (a different explicit value is refused, never silently ignored).
     target_epsilon: optional budget > 0; training stops before the step that would exceed it.
     sampling: ``"poisson"`` or ``"shuffle"`` (then ``steps_per_epoch`` is required).
     steps_per_epoch: batches per epoch, for ``"shuffle"``.
     batch_size: needed only when the optimizer has ``num_microbatches`` (to know the
-      microbatch size).
+      microbatch size): an integer multiple of ``num_microbatches``.
     accountant: ``"rdp"``/``"pld"``, or a :class:`PrivacyAccountant` to continue (resumed runs).
     verbose: print a line when the budget stops training.
   """
 
-  def __init__(self, sampling_probability, delta=1e-5, target_epsilon=None, *,
+  def __init__(self, sampling_probability, delta=None, target_epsilon=None, *,
                sampling="poisson", steps_per_epoch=None, batch_size=None, accountant="rdp",
                verbose=True):
     super().__init__()
-    if target_epsilon is not None and not target_epsilon > 0:
+    if target_epsilon is not None and not (_is_real(target_epsilon) and target_epsilon > 0):
       raise ValueError(f"target_epsilon must be > 0, got {target_epsilon!r}.")
-    self.accountant = (accountant if isinstance(accountant, PrivacyAccountant)
-                       else PrivacyAccountant(delta, accountant))
+    if isinstance(accountant, PrivacyAccountant):
+      if delta is not None and delta != accountant.delta:
+        raise ValueError(f"delta={delta!r} differs from the given accountant's delta="
+                         f"{accountant.delta!r}; pass one of them.")
+      self.accountant = accountant
+    else:
+      self.accountant = PrivacyAccountant(1e-5 if delta is None else delta, accountant)
     self.sampling_probability = sampling_probability
     self.target_epsilon = target_epsilon
     self.sampling = sampling
@@ -194,9 +221,13 @@ class PrivacyBudget(keras.callbacks.Callback):
     optimizer = self.model.optimizer
     microbatch_size = 1
     if optimizer.num_microbatches is not None:
-      if self.batch_size is None:
-        raise ValueError("PrivacyBudget needs batch_size= when the optimizer has num_microbatches.")
-      microbatch_size = max(1, self.batch_size // optimizer.num_microbatches)
+      m = optimizer.num_microbatches
+      if (self.batch_size is None or not _is_real(self.batch_size) or self.batch_size < m
+          or int(self.batch_size) != self.batch_size or self.batch_size % m):
+        raise ValueError(
+            f"PrivacyBudget needs batch_size= (an integer multiple of the optimizer's "
+            f"num_microbatches={m}) to know the microbatch size, got {self.batch_size!r}.")
+      microbatch_size = int(self.batch_size) // m
     return Phase(float(self.sampling_probability), float(optimizer.noise_multiplier), steps,
                  self.sampling, microbatch_size, self.steps_per_epoch)
 
@@ -230,6 +261,13 @@ class PrivacyBudget(keras.callbacks.Callback):
     if not hasattr(self.model.optimizer, "noise_multiplier"):
       raise TypeError("PrivacyBudget needs a model compiled with a tf_dpkit DP optimizer.")
     self._seen_iterations = int(self.model.optimizer.iterations.numpy())
+    if self._seen_iterations > self.accountant.steps:
+      raise ValueError(
+          f"The optimizer has already taken {self._seen_iterations} steps but the accountant "
+          f"recorded {self.accountant.steps}: epsilon would leave out the earlier steps. Pass "
+          "the earlier run's accountant (accountant=PrivacyAccountant.from_state_dict(saved)) "
+          "or the same PrivacyBudget to every fit() call.")
+    self._current_phase(0)  # validates batch_size against num_microbatches before training
     self._epoch_start_steps = self.accountant.steps
     if self.target_epsilon is not None:
       # The settings are fixed during fit, so the budget becomes a step count, computed once.
@@ -266,12 +304,32 @@ class PrivacyBudget(keras.callbacks.Callback):
 
 
 def noise_multiplier_for_budget(target_epsilon, delta, dataset_size, batch_size, epochs, *,
-                                accountant="rdp"):
+                                accountant="rdp", sampling="poisson", microbatch_size=1):
   """Train to a budget: the smallest noise multiplier meeting ``(target_epsilon, delta)``.
 
-  Poisson sampling with q = batch_size / dataset_size for ``ceil(epochs * dataset_size /
-  batch_size)`` steps; delegates to ``analysis.calibration``.
+  Accounted exactly as :class:`PrivacyAccountant` will account the run:
+
+  * ``sampling="poisson"``: q = batch_size / dataset_size for ``ceil(epochs * dataset_size /
+    batch_size)`` steps (``analysis.calibration.compute_noise_multiplier_for_training``);
+  * ``sampling="shuffle"``: the plain Gaussian mechanism (q = 1) once per epoch started,
+    ``ceil(epochs)`` times;
+  * ``microbatch_size > 1`` doubles the returned sigma (the accountant uses ``sigma / 2``).
+
+  Args:
+    target_epsilon: > 0; delta: in (0, 1); dataset_size, batch_size: integers with
+      ``1 <= batch_size <= dataset_size``; epochs: real >= 0.
+    accountant: ``"rdp"`` or ``"pld"``; sampling: ``"poisson"`` or ``"shuffle"``;
+    microbatch_size: examples per microbatch, integer >= 1.
   """
   from analysis import calibration  # pylint: disable=g-import-not-at-top
-  return calibration.compute_noise_multiplier_for_training(
-      target_epsilon, delta, dataset_size, batch_size, epochs, accountant=accountant)
+  _check_choice("sampling", sampling, SAMPLINGS)
+  microbatch_size = _check_int("microbatch_size", microbatch_size, 1)
+  if sampling == "poisson":
+    sigma = calibration.compute_noise_multiplier_for_training(
+        target_epsilon, delta, dataset_size, batch_size, epochs, accountant=accountant)
+  else:
+    steps = calibration.steps_for_training(dataset_size, batch_size, epochs)  # validates
+    passes = math.ceil(epochs) if steps else 0
+    sigma = calibration.compute_noise_multiplier(target_epsilon, delta, 1.0, passes,
+                                                 accountant=accountant)
+  return 2 * sigma if microbatch_size > 1 else sigma

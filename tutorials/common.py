@@ -32,7 +32,11 @@ def define_flags(default_learning_rate=0.15):
                      "before exceeding it.")
   flags.DEFINE_integer("train_size", None, "Use only the first N training examples (tests).")
   flags.DEFINE_integer("test_size", None, "Use only the first N test examples (tests).")
-  flags.DEFINE_integer("seed", 0, "Seed for sampling and initialisation.")
+  flags.DEFINE_integer("seed", 0, "Seed for weight initialisation (public; not for sampling).")
+  flags.DEFINE_integer("sampling_seed", None,
+                       "Seed of the batch sampler. Default: a secret seed from the OS entropy "
+                       "source, as the privacy analysis needs; set it only for reproducible "
+                       "experiments (a known sampling seed reveals batch membership).")
 
 
 def load_mnist():
@@ -72,19 +76,22 @@ def noise_multiplier(n):
     return FLAGS.noise_multiplier
   from tf_dpkit.budget import noise_multiplier_for_budget  # pylint: disable=g-import-not-at-top
   sigma = noise_multiplier_for_budget(FLAGS.target_epsilon, FLAGS.delta, n, FLAGS.batch_size,
-                                      FLAGS.epochs)
+                                      FLAGS.epochs, sampling=FLAGS.sampling,
+                                      microbatch_size=microbatch_size())
   print(f"Train to a budget: noise_multiplier={sigma:.4f} meets epsilon={FLAGS.target_epsilon} "
         f"at delta={FLAGS.delta} for {FLAGS.epochs} epochs.")
   return sigma
 
 
+def microbatch_size():
+  """Examples per microbatch: batch_size // microbatches, or 1 (per-example clipping)."""
+  return FLAGS.batch_size // FLAGS.microbatches if FLAGS.microbatches else 1
+
+
 def record_steps(accountant, n, sigma, steps):
   """Records ``steps`` steps of this run's sampling in ``accountant``."""
-  microbatch_size = 1
-  if FLAGS.microbatches:
-    microbatch_size = FLAGS.batch_size // FLAGS.microbatches
   accountant.record(FLAGS.batch_size / n, sigma, steps, sampling=FLAGS.sampling,
-                    microbatch_size=microbatch_size, steps_per_epoch=steps_per_epoch(n))
+                    microbatch_size=microbatch_size(), steps_per_epoch=steps_per_epoch(n))
 
 
 def sampling_note():

@@ -69,9 +69,10 @@ def main(argv):
   model.compile(optimizer=optimizer, loss=loss, metrics=["accuracy"])
   if FLAGS.sampling == "poisson":
     train = poisson_batches((x_train, y_train), expected_batch_size=FLAGS.batch_size,
-                            steps=steps * FLAGS.epochs, seed=FLAGS.seed)
+                            steps=steps * FLAGS.epochs, seed=FLAGS.sampling_seed)
   else:
-    train = shuffled_batches((x_train, y_train), FLAGS.batch_size, FLAGS.epochs, FLAGS.seed)
+    train = shuffled_batches((x_train, y_train), FLAGS.batch_size, FLAGS.epochs,
+                             FLAGS.sampling_seed)
   test = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(1024)
   history = model.fit(train.prefetch(2), epochs=FLAGS.epochs, steps_per_epoch=steps,
                       validation_data=test, callbacks=callbacks, shuffle=False, verbose=0)

@@ -69,9 +69,10 @@ def main(argv):
 
   if FLAGS.sampling == "poisson":
     train = poisson_batches((x_train, y_train), expected_batch_size=FLAGS.batch_size,
-                            steps=steps * FLAGS.epochs, seed=FLAGS.seed)
+                            steps=steps * FLAGS.epochs, seed=FLAGS.sampling_seed)
   else:
-    train = shuffled_batches((x_train, y_train), FLAGS.batch_size, FLAGS.epochs, FLAGS.seed)
+    train = shuffled_batches((x_train, y_train), FLAGS.batch_size, FLAGS.epochs,
+                             FLAGS.sampling_seed)
   iterator = iter(train.prefetch(2))
   start = time.time()
   accuracy = 0.0

@@ -60,9 +60,10 @@ def main(argv):
     V1.set_random_seed(FLAGS.seed)
     if FLAGS.sampling == "poisson":
       train = poisson_batches((x_train, y_train), expected_batch_size=FLAGS.batch_size,
-                              steps=steps * FLAGS.epochs, seed=FLAGS.seed)
+                              steps=steps * FLAGS.epochs, seed=FLAGS.sampling_seed)
     else:
-      train = shuffled_batches((x_train, y_train), FLAGS.batch_size, FLAGS.epochs, FLAGS.seed)
+      train = shuffled_batches((x_train, y_train), FLAGS.batch_size, FLAGS.epochs,
+                               FLAGS.sampling_seed)
     images, labels, mask = V1.data.make_one_shot_iterator(train.prefetch(2)).get_next()
     with V1.variable_scope("cnn"):
       logits = cnn_logits(images)

@@ -64,10 +64,40 @@ def test_restored_accountant_continues_like_an_uninterrupted_one():
     (dict(sampling_probability=0.1, noise_multiplier=1.0, sampling="random"), r"sampling must be one of"),
     (dict(sampling_probability=0.1, noise_multiplier=1.0, sampling="shuffle"), r"needs steps_per_epoch"),
     (dict(sampling_probability=0.1, noise_multiplier=1.0, microbatch_size=0), r"microbatch_size"),
+    (dict(sampling_probability=float("nan"), noise_multiplier=1.0), r"sampling_probability"),
+    (dict(sampling_probability="0.1", noise_multiplier=1.0), r"sampling_probability"),
+    (dict(sampling_probability=0.1, noise_multiplier=float("nan")), r"noise_multiplier"),
+    (dict(sampling_probability=0.1, noise_multiplier="1"), r"noise_multiplier"),
+    (dict(sampling_probability=0.1, noise_multiplier=1.0, steps=float("inf")), r"steps must be"),
+    (dict(sampling_probability=0.1, noise_multiplier=1.0, steps="3"), r"steps must be"),
+    (dict(sampling_probability=0.1, noise_multiplier=1.0, sampling="shuffle", steps_per_epoch=2.5),
+     r"steps_per_epoch must be an integer >= 1"),
+    (dict(sampling_probability=0.1, noise_multiplier=1.0, sampling="shuffle", steps_per_epoch=0),
+     r"steps_per_epoch must be an integer >= 1"),
 ])
 def test_record_rejects_bad_input(kwargs, match):
   with pytest.raises(ValueError, match=match):
     PrivacyAccountant(1e-5).record(**kwargs)
+
+
+def test_load_state_dict_validates_what_it_restores():
+  good = PrivacyAccountant(1e-5)
+  good.record(0.1, 1.0, 5)
+  state = good.state_dict()
+  bad_phase = {**state, "phases": [{**state["phases"][0], "steps": -3}]}
+  with pytest.raises(ValueError, match="steps must be an integer >= 0"):
+    PrivacyAccountant.from_state_dict(bad_phase)
+  with pytest.raises(ValueError, match=r"delta must be in \(0, 1\)"):
+    PrivacyAccountant.from_state_dict({**state, "delta": float("nan")})
+  with pytest.raises(ValueError, match="Not a PrivacyAccountant state_dict"):
+    PrivacyAccountant.from_state_dict({"delta": 1e-5, "accountant": "rdp"})
+  with pytest.raises(ValueError, match="Not a PrivacyAccountant state_dict"):
+    PrivacyAccountant.from_state_dict({**state, "phases": [{"q": 0.1}]})
+  target = PrivacyAccountant(1e-5)
+  with pytest.raises(ValueError):
+    target.load_state_dict(bad_phase)
+  assert target.phases == []  # a failed restore leaves the accountant unchanged
+  assert PrivacyAccountant.from_state_dict(state).epsilon() == good.epsilon()
 
 
 def test_accountant_rejects_bad_delta_and_accountant():
@@ -145,6 +175,70 @@ def test_callback_refuses_a_target_that_allows_no_step_and_non_dp_models():
               callbacks=[PrivacyBudget(0.1, verbose=False)])
   with pytest.raises(ValueError, match="target_epsilon must be > 0"):
     PrivacyBudget(0.1, target_epsilon=-1.0)
+
+
+def test_fit_after_unrecorded_steps_is_refused():
+  # A fresh accountant on a model whose optimizer already took steps would omit them.
+  q = BATCH / N
+  data = poisson_batches(_data(), expected_batch_size=BATCH, steps=20, seed=6)
+  model = _model()
+  model.fit(data.take(10), epochs=1, steps_per_epoch=10, verbose=0,
+            callbacks=[PrivacyBudget(q, verbose=False)])
+  with pytest.raises(ValueError, match="already taken 10 steps but the accountant recorded 0"):
+    model.fit(data.skip(10), epochs=1, steps_per_epoch=10, verbose=0,
+              callbacks=[PrivacyBudget(q, verbose=False)])
+
+
+def test_callback_delta_must_agree_with_a_given_accountant():
+  accountant = PrivacyAccountant(1e-6)
+  assert PrivacyBudget(0.1, accountant=accountant).accountant.delta == 1e-6
+  assert PrivacyBudget(0.1, 1e-6, accountant=accountant).accountant is accountant
+  with pytest.raises(ValueError, match="delta=1e-05 differs from the given accountant's delta=1e-06"):
+    PrivacyBudget(0.1, 1e-5, accountant=accountant)
+  assert PrivacyBudget(0.1).accountant.delta == 1e-5
+
+
+@pytest.mark.parametrize("batch_size", [None, 30, 6, 2.5])
+def test_callback_needs_batch_size_a_multiple_of_num_microbatches(batch_size):
+  model = tf_dpkit.DPSequential([keras.Input((4,)), keras.layers.Dense(2)])
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0, 8, learning_rate=0.1),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  x, y = _data()
+  with pytest.raises(ValueError, match="integer multiple of the optimizer's num_microbatches=8"):
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[PrivacyBudget(
+        32 / N, sampling="shuffle", steps_per_epoch=N // 32, batch_size=batch_size)])
+
+
+def test_callback_with_microbatches_accounts_half_sigma():
+  model = tf_dpkit.DPSequential([keras.Input((4,)), keras.layers.Dense(2)])
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0, 8, learning_rate=0.1),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  x, y = _data()
+  budget = PrivacyBudget(32 / N, sampling="shuffle", steps_per_epoch=N // 32, batch_size=32,
+                         verbose=False)
+  history = model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[budget])
+  # Two passes of the plain Gaussian mechanism with sigma / 2 = 0.5 (microbatches of 4).
+  assert math.isclose(history.history["epsilon"][-1], _rdp_eps([1.0], [0.5], [2]), rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("epochs", [1, 2.5])
+def test_noise_multiplier_for_budget_shuffle_and_microbatches_match_the_accountant(epochs):
+  sigma = noise_multiplier_for_budget(3.0, 1e-5, 1000, 100, epochs, sampling="shuffle")
+  passes = math.ceil(epochs)
+  assert sigma == calibration.compute_noise_multiplier(3.0, 1e-5, 1.0, passes)
+  assert _rdp_eps([1.0], [sigma], [passes]) <= 3.0
+  assert _rdp_eps([1.0], [sigma * 0.999], [passes]) > 3.0 * 0.999
+  doubled = noise_multiplier_for_budget(3.0, 1e-5, 1000, 100, epochs, sampling="shuffle",
+                                        microbatch_size=4)
+  assert doubled == 2 * sigma
+  acc = PrivacyAccountant(1e-5)
+  acc.record(0.1, doubled, int(epochs * 10), sampling="shuffle", steps_per_epoch=10,
+             microbatch_size=4)
+  assert acc.epsilon() <= 3.0
+  with pytest.raises(ValueError, match="sampling must be one of"):
+    noise_multiplier_for_budget(3.0, 1e-5, 1000, 100, 1, sampling="fixed")
+  with pytest.raises(ValueError, match="microbatch_size must be an integer >= 1"):
+    noise_multiplier_for_budget(3.0, 1e-5, 1000, 100, 1, microbatch_size=0)
 
 
 def test_noise_multiplier_for_budget_meets_the_target_tightly():

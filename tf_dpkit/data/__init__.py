@@ -5,11 +5,12 @@
 * :mod:`tf_dpkit.data.poisson`: :func:`poisson_batches` (each example joins each batch
   independently with probability q -- the sampling the RDP/PLD accountants assume) and
   :func:`shuffled_batches` (shuffle-and-batch, no amplification by sampling), both yielding
-  ``(x, y, weight)`` batches.
+  ``(x, y, weight)`` batches.  Their seed defaults to a secret one (:func:`secret_seed`): a
+  known sampling seed reveals batch membership and voids amplification by subsampling.
 """
 from __future__ import annotations
 
 from tf_dpkit.data import mnist
-from tf_dpkit.data.poisson import PoissonSampling, poisson_batches, shuffled_batches
+from tf_dpkit.data.poisson import PoissonSampling, poisson_batches, secret_seed, shuffled_batches
 
-__all__ = ["mnist", "PoissonSampling", "poisson_batches", "shuffled_batches"]
+__all__ = ["mnist", "PoissonSampling", "poisson_batches", "secret_seed", "shuffled_batches"]

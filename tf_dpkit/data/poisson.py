@@ -22,6 +22,10 @@ batch size*) and variance ``qN(1 - q)``.  :func:`poisson_batches` implements exa
   the mechanism away from the one that is accounted.  Batches therefore have variable size, and
   the dataset's ``element_spec`` has an unknown (``None``) batch dimension, so ``tf.function``
   / Keras trace the training step once for all sizes instead of retracing per size.
+* The seed must stay secret for the epsilon to hold: amplification by subsampling assumes the
+  adversary does not know which examples were in which batch, and a known seed reveals every
+  batch.  ``seed=None`` (the default) draws a 63-bit seed from the operating system's entropy
+  source (``secrets``); pass an integer only for tests and reproducible experiments.
 * Each element is ``(x, y, weight)`` with ``weight`` a float32 ``[b]`` vector of ones.  If a
   draw selects nobody (probability ``(1 - q)**N``), the element is a batch of size 1 holding
   example 0 with weight 0.0, so downstream code never sees a 0-size batch.  This leaves the
@@ -68,6 +72,7 @@ import dataclasses
 import fractions
 import math
 import numbers
+import secrets
 from typing import Any
 
 import tensorflow as tf
@@ -143,7 +148,8 @@ class PoissonSampling:
     num_examples: ``N >= 1``, the number of training examples.
     sampling_probability: ``q`` in ``(0, 1]``, each example's probability of joining each batch.
     steps: number of batches (training steps), a positive integer.
-    seed: integer in ``[-2**63, 2**63 - 1]``; with ``steps`` it fixes every batch.
+    seed: integer in ``[-2**63, 2**63 - 1]``; with ``steps`` it fixes every batch.  Keep it
+      secret (see the module doc); hidden from ``repr``.
 
   Build from an expected batch size with :meth:`from_expected_batch_size`.  Derived values:
   :attr:`expected_batch_size` ``= qN`` (examples, a float), :attr:`steps_per_epoch`
@@ -152,7 +158,7 @@ class PoissonSampling:
   num_examples: int
   sampling_probability: float
   steps: int
-  seed: int
+  seed: int = dataclasses.field(repr=False)
 
   def __post_init__(self):
     n = _check_int("num_examples", self.num_examples, 1)
@@ -245,9 +251,14 @@ class PoissonSampling:
         element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
+def secret_seed() -> int:
+  """A sampling seed from the OS entropy source: a uniform integer in ``[0, 2**63)``."""
+  return secrets.randbelow(2**63)
+
+
 def poisson_batches(data, *, sampling_probability: float | None = None,
                     expected_batch_size: float | None = None, steps: int,
-                    seed: int) -> tf.data.Dataset:
+                    seed: int | None = None) -> tf.data.Dataset:
   """A ``tf.data.Dataset`` of ``steps`` Poisson-sampled batches of ``data``.
 
   Each batch includes every example independently with probability ``q`` (see module doc for
@@ -260,7 +271,10 @@ def poisson_batches(data, *, sampling_probability: float | None = None,
       ``expected_batch_size``.
     expected_batch_size: ``qN`` in ``(0, N]`` (examples); sets ``q = expected_batch_size / N``.
     steps: number of batches, a positive integer (e.g. ``epochs * steps_per_epoch``).
-    seed: integer in ``[-2**63, 2**63 - 1]``; batch ``t`` depends only on ``(seed, t)``.
+    seed: ``None`` (default: a secret seed from :func:`secret_seed`) or an integer in
+      ``[-2**63, 2**63 - 1]``; batch ``t`` depends only on ``(seed, t)``.  A seed that others
+      know reveals every batch and voids the subsampling amplification the accounted epsilon
+      relies on: fix it only for tests and reproducible experiments.
 
   Returns:
     A dataset of ``steps`` elements ``(x_b, y_b, weight)`` (for a single array ``(x_b,
@@ -281,6 +295,8 @@ def poisson_batches(data, *, sampling_probability: float | None = None,
                      f"sampling_probability={sampling_probability!r}, "
                      f"expected_batch_size={expected_batch_size!r}.")
   tensors, n = _as_arrays(data)
+  if seed is None:
+    seed = secret_seed()
   if expected_batch_size is not None:
     sampling = PoissonSampling.from_expected_batch_size(n, expected_batch_size, steps=steps,
                                                         seed=seed)
@@ -289,7 +305,7 @@ def poisson_batches(data, *, sampling_probability: float | None = None,
   return sampling._dataset(tensors)  # pylint: disable=protected-access
 
 
-def shuffled_batches(data, batch_size: int, epochs: int, seed: int,
+def shuffled_batches(data, batch_size: int, epochs: int, seed: int | None = None,
                      drop_remainder: bool = True) -> tf.data.Dataset:
   """Shuffle-and-batch: each epoch, a fresh permutation of ``data`` cut into batches.
 
@@ -303,8 +319,8 @@ def shuffled_batches(data, batch_size: int, epochs: int, seed: int,
       single array.
     batch_size: examples per batch, an integer in ``[1, N]``.
     epochs: number of passes, a positive integer.
-    seed: integer in ``[-2**63, 2**63 - 1]``; epoch ``e``'s permutation depends only on
-      ``(seed, e)``.
+    seed: ``None`` (default: a secret seed from :func:`secret_seed`) or an integer in
+      ``[-2**63, 2**63 - 1]``; epoch ``e``'s permutation depends only on ``(seed, e)``.
     drop_remainder: drop the last ``N mod batch_size`` examples of each epoch's permutation
       (a different random subset each epoch), giving ``N // batch_size`` full batches per epoch
       and a static batch dimension; if False, ``ceil(N / batch_size)`` batches per epoch, the
@@ -322,7 +338,7 @@ def shuffled_batches(data, batch_size: int, epochs: int, seed: int,
   tensors, n = _as_arrays(data)
   batch_size = _check_int("batch_size", batch_size, 1, n)
   epochs = _check_int("epochs", epochs, 1)
-  seed = _check_int("seed", seed, _INT64_MIN, _INT64_MAX)
+  seed = _check_int("seed", secret_seed() if seed is None else seed, _INT64_MIN, _INT64_MAX)
   base_seed = _seed_pair(seed, _SHUFFLE_STREAM)
 
   def epoch_batches(epoch):
@@ -339,4 +355,4 @@ def shuffled_batches(data, batch_size: int, epochs: int, seed: int,
       element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-__all__ = ["PoissonSampling", "poisson_batches", "shuffled_batches"]
+__all__ = ["PoissonSampling", "poisson_batches", "secret_seed", "shuffled_batches"]
