@@ -188,15 +188,32 @@ def test_sampling_properties():
 
 
 def test_keras_fit_consumes_weights_as_sample_weight():
+  # An empty draw (q = 1e-12) is emitted as example 0 with weight 0: if Keras reads the third
+  # element as sample_weight, the loss and the SGD update are exactly zero.
   import keras  # pylint: disable=g-import-not-at-top
-  keras.utils.set_random_seed(0)
-  x, y = _index_data(64)
-  ds = poisson_batches((x / 64.0, (y % 2).astype(np.float32)), expected_batch_size=8, steps=6,
-                       seed=0)
-  model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-  model.compile(optimizer="sgd", loss="mse")
+  x, y = _index_data(4)
+  ds = poisson_batches((x.astype(np.float32), np.ones(4, np.float32)), sampling_probability=1e-12,
+                       steps=1, seed=0)
+  (_, _, w), = list(ds.as_numpy_iterator())
+  np.testing.assert_array_equal(w, [0.0])
+  model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, kernel_initializer="ones")])
+  model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+  before = [v.copy() for v in model.get_weights()]
   history = model.fit(ds, epochs=1, verbose=0, shuffle=False)
-  assert np.isfinite(history.history["loss"][0])
+  assert history.history["loss"][0] == 0.0
+  for a, b in zip(model.get_weights(), before):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_default_seed_is_secret_and_hidden_from_repr():
+  data = _index_data(1000)
+  one = [b[0][:, 0] for b in poisson_batches(data, sampling_probability=0.5, steps=2).as_numpy_iterator()]
+  two = [b[0][:, 0] for b in poisson_batches(data, sampling_probability=0.5, steps=2).as_numpy_iterator()]
+  assert not np.array_equal(one[0], two[0])  # equal by chance with probability 2**-1000
+  assert "12345" not in repr(PoissonSampling(10, 0.5, 1, 12345))
+  a = list(shuffled_batches(data, 100, 1).as_numpy_iterator())[0][0][:, 0]
+  b = list(shuffled_batches(data, 100, 1).as_numpy_iterator())[0][0][:, 0]
+  assert not np.array_equal(a, b)
 
 
 def test_graph_mode_one_shot_iterator():
@@ -305,4 +322,8 @@ def test_shuffled_argument_errors(args, match):
 
 
 def test_public_names():
-  assert set(poisson.__all__) == {"PoissonSampling", "poisson_batches", "shuffled_batches"}
+  assert set(poisson.__all__) == {"PoissonSampling", "poisson_batches", "secret_seed",
+                                  "shuffled_batches"}
+  seeds = {poisson.secret_seed() for _ in range(64)}
+  assert len(seeds) == 64 and all(0 <= s < 2**63 for s in seeds)
+  assert max(seeds) >= 2**62  # uses the high bits (fails with probability 2**-64)
