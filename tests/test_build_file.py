@@ -40,6 +40,13 @@ def test_every_package_source_is_in_a_py_library():
   assert not missing, f"add to a py_library in BUILD: {sorted(missing)}"
 
 
+def test_every_script_and_test_helper_is_in_some_target():
+  listed = {s for _, _, srcs in _targets() for s in srcs}
+  wanted = _files("tutorials") | _files("benchmarks") | _files("tests")
+  missing = wanted - listed
+  assert not missing, f"add to a target in BUILD: {sorted(missing)}"
+
+
 def test_every_test_file_has_its_own_py_test():
   tests = [srcs[0] for kind, _, srcs in _targets() if kind == "py_test"]
   assert len(tests) == len(set(tests)), "a test file has two py_test targets"
