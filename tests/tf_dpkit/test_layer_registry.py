@@ -67,6 +67,48 @@ def test_rule_matches_per_example_reference(name, make_layer, make_inputs, num_m
   assert set(errors) == {"norms", "clipped_sum"}
 
 
+CONV_CASES = [c for c in CASES if c[0].startswith("conv")]
+
+
+@pytest.mark.parametrize("onednn", [False, True])
+@pytest.mark.parametrize("num_microbatches", [None, 2])
+@pytest.mark.parametrize("name, make_layer, make_inputs", CONV_CASES,
+                         ids=[c[0] for c in CONV_CASES])
+def test_conv_rule_matches_reference_with_and_without_the_onednn_branch(
+    name, make_layer, make_inputs, num_microbatches, onednn, monkeypatch):
+  # The per-example filter-gradient branch is taken only where oneDNN is on; force both ways
+  # so each is tested whatever CPU runs the tests.
+  from tf_dpkit.clipping import layer_registry
+  monkeypatch.setattr(layer_registry, "onednn_enabled", lambda: onednn)
+  inputs = make_inputs()
+  layer = _built(make_layer(), inputs)
+  check_layer_rule(layer, inputs, num_microbatches=num_microbatches)
+
+
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+@pytest.mark.parametrize("shape, kernel_hw, strides", [
+    ((3, 9, 9, 1), (8, 8), (2, 2)), ((2, 7, 10, 3), (3, 2), (3, 3)), ((4, 5, 6, 2), (1, 1), (1, 1))])
+def test_per_example_conv_kernel_grads_match_a_per_example_loop(shape, kernel_hw, strides,
+                                                                  padding):
+  from tf_dpkit.clipping.layer_registry import per_example_conv_kernel_grads
+  x = _x(*shape)
+  kernel = tf.Variable(_x(*kernel_hw, shape[-1], 4))
+  out = tf.nn.conv2d(x, kernel, strides=[1, *strides, 1], padding=padding)
+  g = _x(*out.shape)
+  got = per_example_conv_kernel_grads(x, g, kernel_hw, strides, padding).numpy()
+  for b in range(shape[0]):
+    with tf.GradientTape() as tape:
+      z = tf.nn.conv2d(x[b:b + 1], kernel, strides=[1, *strides, 1], padding=padding)
+    want = tape.gradient(z, kernel, output_gradients=g[b:b + 1]).numpy()
+    np.testing.assert_allclose(got[b], want.reshape(-1, 4), rtol=1e-5, atol=1e-5)
+
+
+def test_per_example_conv_kernel_grads_refuses_unequal_strides():
+  from tf_dpkit.clipping.layer_registry import per_example_conv_kernel_grads
+  with pytest.raises(ValueError, match=r"needs equal strides, got \[1, 2\]"):
+    per_example_conv_kernel_grads(_x(2, 5, 5, 1), _x(2, 5, 3, 2), (1, 1), [1, 2], "SAME")
+
+
 def test_check_layer_rule_catches_a_wrong_rule():
   class Scaled(keras.layers.Dense):
     pass
@@ -117,6 +159,46 @@ def test_fast_path_matches_vectorized_on_mnist_cnn(num_microbatches):
   x = tf.constant(RNG.random((8, 28, 28, 1)).astype(np.float32))
   y = tf.constant(RNG.integers(0, 10, 8))
   _compare_fast_and_vectorized(model, x, y, XENT, num_microbatches)
+
+
+@pytest.mark.parametrize("max_batch", [2, 100])  # 8 examples: patches branch, filter branch
+@pytest.mark.parametrize("num_microbatches", [None, 4])
+def test_first_conv_onednn_branches_under_a_dynamic_batch(max_batch, num_microbatches,
+                                                          monkeypatch):
+  # With oneDNN the first (1-channel) conv picks its per-example method by batch size, with a
+  # tf.cond when the batch dimension is unknown (Poisson batches): both branches must agree
+  # with the vectorized reference.
+  from tf_dpkit.clipping import layer_registry
+  monkeypatch.setattr(layer_registry, "onednn_enabled", lambda: True)
+  monkeypatch.setattr(layer_registry, "_MAX_FILTER_BACKPROP_BATCH", max_batch)
+  model = keras.Sequential([
+      keras.Input((12, 12, 1)), keras.layers.Conv2D(4, 5, strides=2, padding="same",
+                                                    activation="relu"),
+      keras.layers.Flatten(), keras.layers.Dense(3)])
+  x = tf.constant(RNG.random((8, 12, 12, 1)).astype(np.float32))
+  y = tf.constant(RNG.integers(0, 3, 8))
+
+  @tf.function(input_signature=[tf.TensorSpec([None, 12, 12, 1]), tf.TensorSpec([None], tf.int64)])
+  def fast(x, y):
+    result, _ = clipped_sum_fast(model, XENT, (x, y, tf.ones_like(y, tf.float32)), 0.5,
+                                 num_microbatches)
+    return result.norms, result.grads
+
+  norms, grads = fast(x, y)
+  expected, expected_norms = _brute_force_clipped_sum(model, XENT, x, y, 0.5)
+  if num_microbatches is None:
+    np.testing.assert_allclose(norms.numpy(), expected_norms, rtol=2e-4)
+    for a, b in zip(grads, expected):
+      np.testing.assert_allclose(a.numpy(), b, rtol=2e-4, atol=2e-5)
+  else:
+    def mb(inputs):
+      xm, ym, wm = inputs
+      return XENT(ym, model(xm, training=True)) * wm, tf.zeros([tf.shape(wm)[0]])
+    ref, _ = clipped_sum_vectorized(mb, (x, y, tf.ones([8])), model.trainable_variables, 0.5,
+                                    num_microbatches)
+    np.testing.assert_allclose(norms.numpy(), ref.norms.numpy(), rtol=2e-4)
+    for a, b in zip(grads, ref.grads):
+      np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-4, atol=2e-5)
 
 
 def _brute_force_clipped_sum(model, loss, x, y, clip):
