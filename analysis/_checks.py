@@ -10,8 +10,16 @@ import numbers
 
 import numpy as np
 
+#: Largest step count accepted by the accountants: 2**53, the largest integer up to which every
+#: integer is exactly a float64 (RDP and the PLD exponents multiply by ``steps`` in float64).
+MAX_STEPS = 2**53
+
 
 def _describe(value) -> str:
+  if isinstance(value, numbers.Integral) and not isinstance(value, bool) and abs(value) >= 10**18:
+    digits = str(abs(int(value)))
+    sign = "-" if value < 0 else ""
+    return f"{sign}{digits[0]}.{digits[1:4]}e+{len(digits) - 1} (an integer of {len(digits)} digits)"
   return repr(value)
 
 
@@ -75,6 +83,22 @@ def check_count(name: str, value, *, minimum: int = 0) -> int:
   return result
 
 
+def check_steps(name: str, value, *, maximum: int = MAX_STEPS, why: str = "") -> int:
+  """Returns ``value`` as int; requires an integer (int or integral float) in [0, maximum].
+
+  A non-integer or negative value gets :func:`check_count`'s message; a value above
+  ``maximum`` (default :data:`MAX_STEPS` = 2**53) names the supported range, e.g. for
+  ``steps=10**400``, instead of overflowing later.
+  """
+  result = check_count(name, value, minimum=0)
+  if result > maximum:
+    limit = "2**53 = 9007199254740992" if maximum == MAX_STEPS else f"{maximum}"
+    reason = f" ({why})" if why else ""
+    raise ValueError(f"{name} must be an integer in [0, {limit}]{reason}, got "
+                     f"{_describe(result)}.")
+  return result
+
+
 def check_finite_positive(name: str, value) -> float:
   """Returns ``value`` as float; requires it in (0, inf) and finite."""
   value = check_positive(name, value)
@@ -103,22 +127,30 @@ def check_same_length(**sequences) -> int:
   return next(iter(lengths.values()), 0)
 
 
-def check_orders(name: str, orders) -> tuple[np.ndarray, bool]:
+def check_orders(name: str, orders, *, max_finite: float = math.inf) -> tuple[np.ndarray, bool]:
   """Returns ``(orders as a 1-D float array, whether a scalar was given)``.
 
-  Accepts one real number or a list, tuple or 1-D array of them.  Every order must be a real,
-  non-NaN number in (1, inf]: order 1 itself (the KL limit) and anything below it are rejected.
+  Accepts one real number or a non-empty list, tuple or 1-D array of them.  Every order must
+  be a real, non-NaN number in (1, inf]: order 1 itself (the KL limit) and anything below it
+  are rejected; finite orders above ``max_finite`` (where given) are rejected too.  An empty
+  sequence is rejected: with no order there is nothing to minimise over.
   """
   if isinstance(orders, (list, tuple)) or (isinstance(orders, np.ndarray) and orders.ndim == 1):
+    if len(orders) == 0:
+      raise ValueError(f"{name} must not be empty: give at least one Renyi order in (1, inf].")
     values = [check_real(f"{name}[{i}]", v) for i, v in enumerate(orders)]
     scalar = False
   else:
     values = [check_real(name, orders)]
     scalar = True
   for i, v in enumerate(values):
+    where = name if scalar else f"{name}[{i}]"
     if not v > 1.0:
-      where = name if scalar else f"{name}[{i}]"
       raise ValueError(f"{where} must be a Renyi order in (1, inf], got {_describe(v)}.")
+    if max_finite < v < math.inf:
+      limit = f"{max_finite:.0e}".replace("e+0", "e").replace("e+", "e")
+      raise ValueError(f"{where} must be a Renyi order in (1, {limit}] or inf, got "
+                       f"{_describe(v)}.")
   return np.asarray(values, dtype=np.float64), scalar
 
 

@@ -7,8 +7,15 @@ Units and conventions
   add-or-remove-one adjacency the sensitivity is C).  Allowed range [0, inf]; 0 means no noise.
 * ``q`` is the sampling probability (Poisson: each example independently with probability q;
   without replacement: batch size / dataset size).  Range [0, 1].
-* ``steps`` is an integer >= 0; RDP composes additively over steps.
-* Orders alpha are reals in (1, inf].  RDP values (and epsilon) are in nats.
+* ``steps`` is an integer in [0, 2**53] (:data:`analysis._checks.MAX_STEPS`; larger counts are
+  rejected with a ValueError naming ``steps``); RDP composes additively over steps.
+* Noise multipliers below 1e-100 are accounted as 0 (RDP inf; the exact value, at least
+  alpha / (2 s^2) + alpha log(q) / (alpha - 1), is astronomically large) and those above 1e100
+  as 1e100 (RDP < 1e-199): float64 cannot hold 1 / (2 s^2) or s^2 beyond these.  Both are
+  sound, since the noisier Gaussian mechanism is a post-processing of the less noisy one.  A
+  positive RDP that would underflow to 0 is reported as the smallest positive float instead.
+* Orders alpha are reals in (1, 1e6] or inf (:data:`MAX_ORDER`), given as one number or a
+  non-empty sequence.  RDP values (and epsilon) are in nats.
 
 Poisson-subsampled Gaussian (add-or-remove-one adjacency)
 ---------------------------------------------------------
@@ -88,11 +95,13 @@ from typing import Sequence
 import numpy as np
 from scipy import optimize, special
 
-from analysis._checks import (check_count, check_delta, check_nonnegative, check_orders,
-                              check_probability, check_real, check_same_length)
+from analysis._checks import (MAX_STEPS, check_delta, check_nonnegative, check_orders,
+                              check_probability, check_real, check_same_length, check_steps)
 
 __all__ = [
     "DEFAULT_ORDERS",
+    "MAX_ORDER",
+    "MAX_STEPS",
     "OrderAtBoundaryWarning",
     "compute_rdp",
     "compute_rdp_sample_without_replacement",
@@ -110,6 +119,16 @@ _EPS = np.finfo(np.float64).eps
 _MAX_FRAC_TERMS = 1 << 16  # cap on the series length per fractional order (then interpolation)
 _FRAC_REL_TOL = 1e-10      # series truncation target, relative to A_alpha - 1
 _MAX_SEARCH_ORDER = 1e4    # upper end of the continuous order search
+#: Noise multipliers in (0, _MIN_NOISE) are accounted as 0 (RDP inf) and those in
+#: (_MAX_NOISE, inf) as _MAX_NOISE: beyond these 1/(2 s^2) and s^2 leave float64's range.  Both
+#: are sound (less noise never leaks less: the noisier mechanism is a post-processing).
+_MIN_NOISE = 1e-100
+_MAX_NOISE = 1e100
+_TINY = math.ulp(0.0)  # a positive RDP that underflows is reported as this, not 0
+
+#: Largest finite order accepted by the functions that compute RDP (the integer-order sums and
+#: the fractional-order series allocate O(alpha) terms: 1e6 takes about a second).
+MAX_ORDER = 1e6
 
 
 class OrderAtBoundaryWarning(UserWarning):
@@ -229,6 +248,15 @@ def _log_a(q: float, s: float, alpha: float) -> float:
   return min(_log_a_frac_series(q, s, alpha, log_tol), interp)
 
 
+def _accounted_noise(s: float) -> float:
+  """s clamped to 0 below _MIN_NOISE and to _MAX_NOISE above it (sound, see module doc)."""
+  if 0.0 < s < _MIN_NOISE:
+    return 0.0
+  if _MAX_NOISE < s < math.inf:
+    return _MAX_NOISE
+  return s
+
+
 def _edge_case_rdp(q: float, s: float, alpha: float) -> float | None:
   """RDP of one step in the closed-form cases (q in {0, 1}, s in {0, inf}, alpha = inf)."""
   if q == 0.0 or s == math.inf:
@@ -241,10 +269,11 @@ def _edge_case_rdp(q: float, s: float, alpha: float) -> float | None:
 
 
 def _rdp_one_step(q: float, s: float, alpha: float) -> float:
+  s = _accounted_noise(s)
   edge = _edge_case_rdp(q, s, alpha)
   if edge is not None:
-    return edge
-  return max(_log_a(q, s, alpha) / (alpha - 1.0), 0.0)
+    return max(edge, _TINY) if 0.0 < edge else edge
+  return max(_log_a(q, s, alpha) / (alpha - 1.0), _TINY)
 
 
 def _finish(values: list[float], scalar: bool):
@@ -272,11 +301,20 @@ def compute_rdp(q: float, noise_multiplier: float, steps: int, orders):
   absolute allowance dominates, e.g. ~1e-5 relative at alpha = 1.0001 (q = 256/60000,
   sigma = 1.1).
 
+  Monotonicity in the order: the true RDP is non-decreasing in alpha, and so are the returned
+  values at integer orders (relative round-off allowance ~1e-13).  At fractional orders the
+  round-off allowance is absolute, of at most ~1e-13 on log A_alpha for alpha <= 300 (it is
+  relative to A_alpha, whose terms cancel down to A_alpha - 1), i.e. up to ~1e-13 / (alpha - 1)
+  on the RDP; where the true RDP is itself that small (tiny q / sigma) the returned values can
+  therefore decrease slightly between nearby fractional orders while each stays an upper
+  bound.  The decrease never exceeds the allowance: v(a) - v(b) <= 1e-9 v(a) + 1e-13 / (a - 1)
+  for a < b.
+
   Args:
     q: Poisson sampling probability, in [0, 1].
     noise_multiplier: noise std / L2 sensitivity, in [0, inf].
-    steps: number of steps, an integer >= 0 (e.g. up to 1e8).
-    orders: one order or a list/tuple/1-D array of orders, each in (1, inf].
+    steps: number of steps, an integer in [0, 2**53] (10**8 takes no longer than 1).
+    orders: one order or a non-empty list/tuple/1-D array of orders, each in (1, 1e6] or inf.
 
   Returns:
     A float for a scalar ``orders``, else an ``np.ndarray`` of the same length, with values in
@@ -284,13 +322,13 @@ def compute_rdp(q: float, noise_multiplier: float, steps: int, orders):
     for q = 1; inf for noise_multiplier = 0 (q > 0) and for alpha = inf.
 
   Raises:
-    ValueError: q outside [0, 1], negative or NaN noise_multiplier, a non-integer or negative
-      ``steps``, or an order <= 1 or NaN.
+    ValueError: q outside [0, 1], negative or NaN noise_multiplier, ``steps`` not an integer
+      in [0, 2**53], an empty ``orders``, or an order <= 1, NaN, or finite above 1e6.
   """
   q = check_probability("q", q)
   s = check_nonnegative("noise_multiplier", noise_multiplier)
-  steps = check_count("steps", steps, minimum=0)
-  alphas, scalar = check_orders("orders", orders)
+  steps = check_steps("steps", steps)
+  alphas, scalar = check_orders("orders", orders, max_finite=MAX_ORDER)
   return _finish([_scale_by_steps(_rdp_one_step(q, s, float(a)), steps) for a in alphas], scalar)
 
 
@@ -319,15 +357,16 @@ def _wor_log_moment_int(q: float, s: float, alpha: int) -> float:
 
 
 def _wor_one_step(q: float, s: float, alpha: float) -> float:
+  s = _accounted_noise(s)
   edge = _edge_case_rdp(q, s, alpha)
   if edge is not None:
-    return edge
+    return max(edge, _TINY) if 0.0 < edge else edge
   if float(alpha).is_integer():
-    return _wor_log_moment_int(q, s, int(alpha)) / (alpha - 1.0)
+    return max(_wor_log_moment_int(q, s, int(alpha)) / (alpha - 1.0), _TINY)
   f, c = math.floor(alpha), math.ceil(alpha)
   t = alpha - f
   moment = (1.0 - t) * _wor_log_moment_int(q, s, f) + t * _wor_log_moment_int(q, s, c)
-  return moment / (alpha - 1.0)
+  return max(moment / (alpha - 1.0), _TINY)
 
 
 def compute_rdp_sample_without_replacement(q: float, noise_multiplier: float, steps: int,
@@ -343,8 +382,8 @@ def compute_rdp_sample_without_replacement(q: float, noise_multiplier: float, st
     q: batch size / dataset size, in [0, 1].
     noise_multiplier: noise std / replace-one L2 sensitivity (2C for DP-SGD with clipping norm
       C), in [0, inf].
-    steps: integer >= 0.
-    orders: one order or a sequence of orders, each in (1, inf].
+    steps: integer in [0, 2**53].
+    orders: one order or a non-empty sequence of orders, each in (1, 1e6] or inf.
 
   Returns:
     Float for a scalar order, else ``np.ndarray``; nats, in [0, inf].  q = 0 gives 0; q = 1
@@ -355,8 +394,8 @@ def compute_rdp_sample_without_replacement(q: float, noise_multiplier: float, st
   """
   q = check_probability("q", q)
   s = check_nonnegative("noise_multiplier", noise_multiplier)
-  steps = check_count("steps", steps, minimum=0)
-  alphas, scalar = check_orders("orders", orders)
+  steps = check_steps("steps", steps)
+  alphas, scalar = check_orders("orders", orders, max_finite=MAX_ORDER)
   return _finish([_scale_by_steps(_wor_one_step(q, s, float(a)), steps) for a in alphas], scalar)
 
 
@@ -365,9 +404,10 @@ def compute_heterogeneous_rdp(sampling_probabilities: Sequence[float],
                               orders):
   """RDP of consecutive Poisson-subsampled Gaussian phases: the sum of their compute_rdp.
 
-  Phase i runs ``steps_list[i]`` steps with ``sampling_probabilities[i]`` in [0, 1] and
-  ``noise_multipliers[i]`` in [0, inf].  RDP composes additively, so the result at each order
-  is sum_i compute_rdp(q_i, s_i, T_i, alpha) (nats).  Empty lists give 0.
+  Phase i runs ``steps_list[i]`` steps (an integer in [0, 2**53]) with
+  ``sampling_probabilities[i]`` in [0, 1] and ``noise_multipliers[i]`` in [0, inf].  RDP
+  composes additively, so the result at each order is sum_i compute_rdp(q_i, s_i, T_i, alpha)
+  (nats).  Empty phase lists give 0; ``orders`` must be non-empty, as in :func:`compute_rdp`.
 
   Returns:
     Float for a scalar order, else ``np.ndarray``.
@@ -378,12 +418,12 @@ def compute_heterogeneous_rdp(sampling_probabilities: Sequence[float],
   """
   count = check_same_length(sampling_probabilities=sampling_probabilities,
                             noise_multipliers=noise_multipliers, steps_list=steps_list)
-  alphas, scalar = check_orders("orders", orders)
+  alphas, scalar = check_orders("orders", orders, max_finite=MAX_ORDER)
   total = np.zeros(alphas.shape, dtype=np.float64)
   for i in range(count):
     q = check_probability(f"sampling_probabilities[{i}]", sampling_probabilities[i])
     s = check_nonnegative(f"noise_multipliers[{i}]", noise_multipliers[i])
-    steps = check_count(f"steps_list[{i}]", steps_list[i], minimum=0)
+    steps = check_steps(f"steps_list[{i}]", steps_list[i])
     total += np.array([_scale_by_steps(_rdp_one_step(q, s, float(a)), steps) for a in alphas])
   return _finish(list(total), scalar)
 
@@ -392,11 +432,25 @@ def compute_heterogeneous_rdp(sampling_probabilities: Sequence[float],
 # Conversion to (eps, delta).
 
 
-def _eps_at(alpha: float, rdp: float, log_delta: float) -> float:
-  """Tight conversion at one order; inf where rdp is inf.  Not clamped."""
+def _eps_tight(alpha: float, rdp: float, log_delta: float) -> float:
+  """The tight conversion alone (no KL route) at one order; inf where rdp is inf."""
   if rdp == math.inf or alpha == math.inf:
     return math.inf
-  eps = rdp + math.log1p(-1.0 / alpha) - (log_delta + math.log(alpha)) / (alpha - 1.0)
+  return rdp + math.log1p(-1.0 / alpha) - (log_delta + math.log(alpha)) / (alpha - 1.0)
+
+
+def _log_delta_tight(alpha: float, rdp: float, eps: float) -> float:
+  """The tight conversion alone (log delta, no KL route) at one order; inf where rdp is inf."""
+  if rdp == math.inf or alpha == math.inf:
+    return math.inf
+  return (alpha - 1.0) * (rdp - eps + math.log1p(-1.0 / alpha)) - math.log(alpha)
+
+
+def _eps_at(alpha: float, rdp: float, log_delta: float) -> float:
+  """Tight conversion at one order; inf where rdp is inf.  Not clamped."""
+  eps = _eps_tight(alpha, rdp, log_delta)
+  if eps == math.inf:
+    return eps
   # KL route: delta(0) <= sqrt(1 - exp(-KL)) <= sqrt(1 - exp(-rdp)), so eps = 0 suffices.
   if rdp == 0.0 or 0.5 * math.log(-math.expm1(-rdp)) <= log_delta:
     eps = min(eps, 0.0)
@@ -405,9 +459,9 @@ def _eps_at(alpha: float, rdp: float, log_delta: float) -> float:
 
 def _log_delta_at(alpha: float, rdp: float, eps: float) -> float:
   """Tight conversion at one order (log delta, not clamped); inf where rdp is inf."""
-  if rdp == math.inf or alpha == math.inf:
-    return math.inf
-  log_delta = (alpha - 1.0) * (rdp - eps + math.log1p(-1.0 / alpha)) - math.log(alpha)
+  log_delta = _log_delta_tight(alpha, rdp, eps)
+  if log_delta == math.inf:
+    return log_delta
   kl = 0.5 * math.log(-math.expm1(-rdp)) if rdp > 0 else -math.inf
   return min(log_delta, kl)
 
@@ -453,7 +507,7 @@ def get_privacy_spent(orders, rdp, target_eps: float | None = None,
   orders is returned.  Orders whose RDP is inf are skipped.
 
   Args:
-    orders: sequence of orders, each in (1, inf].
+    orders: non-empty sequence of orders, each in (1, inf].
     rdp: sequence of RDP values (nats, in [0, inf]), same length as ``orders``.
     target_eps: give this (>= 0) to get the smallest delta, or
     target_delta: give this (in (0, 1)) to get the smallest eps.  Exactly one of the two.
@@ -469,7 +523,8 @@ def get_privacy_spent(orders, rdp, target_eps: float | None = None,
 
   Raises:
     ValueError: both or neither target, target_delta outside (0, 1), target_eps < 0 or NaN,
-      mismatched lengths, an order <= 1, or an rdp value that is negative or NaN.
+      mismatched lengths, empty ``orders``, an order <= 1, or an rdp value that is negative or
+      NaN.
   """
   target_eps, target_delta = _check_targets(target_eps, target_delta)
   if isinstance(orders, (int, float, np.floating, np.integer)):
@@ -484,8 +539,6 @@ def get_privacy_spent(orders, rdp, target_eps: float | None = None,
     if r < 0.0:
       raise ValueError(f"rdp[{i}] must be in [0, inf], got {r!r}.")
     values[i] = r
-  if alphas.size == 0:
-    raise ValueError("orders must not be empty.")
   eps, delta, order, index = _best(alphas, values, target_eps, target_delta)
   trivial = (eps == 0.0) if target_delta is not None else (delta == 0.0)
   if (index is not None and alphas.size > 1 and not trivial
@@ -507,18 +560,24 @@ def get_privacy_spent_optimal_order(q: float, noise_multiplier: float, steps: in
   """(eps, delta, order) for the Poisson-subsampled Gaussian with the order optimised over reals.
 
   First evaluates the grid ``orders`` (default :data:`DEFAULT_ORDERS`) as
-  :func:`get_privacy_spent` does; then minimises eps (or log delta) over real alpha in the
-  bracket around the best grid order (extended down towards 1, or up to 1e4, when the best
-  order is at an end of the grid) with a bounded scalar search in u = log(alpha - 1).  The
-  candidate is re-evaluated with the sound :func:`compute_rdp` at the returned order, and the
-  better of the grid answer and the continuous one is returned, so the result is never worse
-  than the grid's and is a valid (eps, delta)-DP guarantee.
+  :func:`get_privacy_spent` does.  The per-order bound is the minimum of two functions of
+  alpha: the tight conversion, which is unimodal in alpha, and the KL route
+  (delta <= sqrt(1 - exp(-rdp))), which is non-decreasing in alpha because the RDP is.  So
+  the real-order optimum is the better of (a) a bounded scalar search, in u = log(alpha - 1),
+  of the tight conversion over the bracket around its best grid order (extended down towards
+  1, to 1 + (orders[0] - 1) * 1e-3, or up to 1e4, when that order is at an end of the grid),
+  and (b) the KL route at the lowest order of that domain.  (Searching the minimum of the two
+  directly is wrong: it has two basins, and the search can stall in the KL one.)  Each
+  candidate is re-evaluated with the sound :func:`compute_rdp` at its order, and the best of
+  the grid answer and the candidates is returned, so the result is never worse than the
+  grid's and is a valid (eps, delta)-DP guarantee.
 
   Args:
-    q: sampling probability in [0, 1]; noise_multiplier: in [0, inf]; steps: integer >= 0.
+    q: sampling probability in [0, 1]; noise_multiplier: in [0, inf]; steps: integer in
+      [0, 2**53].
     target_eps: eps >= 0 for which to minimise delta, or target_delta in (0, 1) for which to
       minimise eps.  Exactly one.
-    orders: grid of orders (each in (1, inf]); default DEFAULT_ORDERS.
+    orders: non-empty grid of orders (each in (1, 1e6] or inf); default DEFAULT_ORDERS.
 
   Returns:
     ``(eps, delta, optimal_order)`` as in :func:`get_privacy_spent` (order None if every
@@ -529,39 +588,57 @@ def get_privacy_spent_optimal_order(q: float, noise_multiplier: float, steps: in
   """
   q = check_probability("q", q)
   s = check_nonnegative("noise_multiplier", noise_multiplier)
-  steps = check_count("steps", steps, minimum=0)
+  steps = check_steps("steps", steps)
   target_eps, target_delta = _check_targets(target_eps, target_delta)
-  grid, _ = check_orders("orders", list(DEFAULT_ORDERS if orders is None else orders))
+  grid, _ = check_orders("orders", list(DEFAULT_ORDERS if orders is None else orders),
+                         max_finite=MAX_ORDER)
   grid = np.sort(grid)
   rdp = compute_rdp(q, s, steps, grid)
   eps, delta, order, index = _best(grid, rdp, target_eps, target_delta)
   if index is None or (eps == 0.0 if target_delta is not None else delta == 0.0):
     return eps, delta, order
-  finite_grid = grid[np.isfinite(grid)]
-  lo = grid[index - 1] if index > 0 else 1.0 + (grid[0] - 1.0) * 1e-3
-  hi = grid[index + 1] if index + 1 < grid.size else max(_MAX_SEARCH_ORDER, grid[index])
-  if not math.isfinite(hi):
-    hi = max(_MAX_SEARCH_ORDER, float(finite_grid.max(initial=2.0)))
-  if not math.isfinite(lo) or hi <= lo:
-    return eps, delta, order
-
-  def objective(u: float) -> float:
-    alpha = 1.0 + math.exp(u)
-    r = compute_rdp(q, s, steps, alpha)
-    value = (_eps_at(alpha, r, math.log(target_delta)) if target_delta is not None
-             else _log_delta_at(alpha, r, target_eps))
-    return value if math.isfinite(value) else 1e300
-
-  result = optimize.minimize_scalar(objective, bounds=(math.log(lo - 1.0), math.log(hi - 1.0)),
-                                    method="bounded", options={"xatol": 1e-4})
-  alpha = 1.0 + math.exp(float(result.x))
-  r = compute_rdp(q, s, steps, alpha)  # sound value at the returned order
   if target_delta is not None:
-    cont = max(_eps_at(alpha, r, math.log(target_delta)), 0.0)
-    if cont < eps:
-      return cont, delta, alpha
+    log_delta = math.log(target_delta)
+    tight = lambda a, r: _eps_tight(a, r, log_delta)  # noqa: E731
+    full = lambda a, r: _eps_at(a, r, log_delta)  # noqa: E731
   else:
-    cont = min(math.exp(min(_log_delta_at(alpha, r, target_eps), 0.0)), 1.0)
+    tight = lambda a, r: _log_delta_tight(a, r, target_eps)  # noqa: E731
+    full = lambda a, r: _log_delta_at(a, r, target_eps)  # noqa: E731
+
+  finite_grid = grid[np.isfinite(grid)]
+  bottom = 1.0 + (grid[0] - 1.0) * 1e-3  # lowest order searched
+  candidates = [bottom]  # the KL route is best at the lowest order
+  tight_values = [tight(float(a), float(r)) for a, r in zip(grid, rdp)]
+  finite = [i for i, v in enumerate(tight_values) if v != math.inf]
+  if finite:
+    i = min(finite, key=lambda j: tight_values[j])
+    lo = grid[i - 1] if i > 0 else bottom
+    hi = grid[i + 1] if i + 1 < grid.size else max(_MAX_SEARCH_ORDER, grid[i])
+    if not math.isfinite(hi):
+      hi = max(_MAX_SEARCH_ORDER, float(finite_grid.max(initial=2.0)))
+    if math.isfinite(lo) and hi > lo:
+
+      def objective(u: float) -> float:
+        alpha = 1.0 + math.exp(u)
+        value = tight(alpha, compute_rdp(q, s, steps, alpha))
+        return value if math.isfinite(value) else 1e300
+
+      result = optimize.minimize_scalar(
+          objective, bounds=(math.log(lo - 1.0), math.log(hi - 1.0)), method="bounded",
+          options={"xatol": 1e-4})
+      candidates.append(1.0 + math.exp(float(result.x)))
+
+  best_value, best_alpha = None, None
+  for alpha in candidates:
+    value = full(alpha, compute_rdp(q, s, steps, alpha))  # sound value at this order
+    if best_value is None or value < best_value:
+      best_value, best_alpha = value, alpha
+  if target_delta is not None:
+    cont = max(best_value, 0.0)
+    if cont < eps:
+      return cont, delta, best_alpha
+  else:
+    cont = min(math.exp(min(best_value, 0.0)), 1.0)
     if cont < delta:
-      return eps, cont, alpha
+      return eps, cont, best_alpha
   return eps, delta, order
