@@ -53,9 +53,36 @@ therefore answered from a second composition exponentially tilted by e^{lam t}, 
 Chernoff-optimal exponent at the queried epsilon (convolution commutes with tilting), so the
 round-off becomes relative to the mass near the query; its own wrap-around is bounded and added
 to delta as above.  Checked against the closed-form Gaussian curve down to delta = 1e-12; below
-~1e-17 the added truncation mass (<= 1e-18) and round-off dominate.  If the grid would need more
-than ``_MAX_GRID_SIZE`` points (tiny noise or very many steps) the interval ``h`` is enlarged
-until it fits; the result is then still an upper bound, only less tight.
+~1e-15 the added truncation mass (<= 1e-18) and round-off (see "Round-off" below) dominate.  If
+the grid would need more than ``_MAX_GRID_SIZE`` points (tiny noise or very many steps) the
+interval ``h`` is enlarged until it fits; the result is then still an upper bound, only less
+tight.
+
+Supported ranges
+----------------
+* ``noise_multiplier`` in [0, inf].  Inside [1e-3, 1e12] the mechanism is discretised as
+  described above.  Outside it float64 cannot represent the one-step losses (of order
+  1 / (2 sigma^2) for tiny sigma; of order q / sigma, below the round-off of log1p, for huge
+  sigma), so a noise multiplier in (0, 1e-3) is accounted as 0 and one in (1e12, inf) as 1e12.
+  Both are sound: the Gaussian mechanism with the larger noise is a post-processing (adding
+  independent Gaussian noise) of the one with the smaller noise, so its privacy curve is
+  pointwise below.  For sigma < 1e-3 the result is therefore inf unless
+  1 - (1 - q)^steps <= delta (the exact epsilon would be of order 1 / (2 sigma^2) > 5e5 nats,
+  vacuous anyway); for sigma > 1e12 it is the (small) bound at sigma = 1e12.
+* ``steps`` an integer in [0, 1e10] (:data:`MAX_STEPS`), per phase and in total for an
+  accountant; 10**8 steps take well under a second.  Beyond 1e10 the composed grid can no
+  longer be sized reliably and a ValueError naming ``steps`` is raised.  Over many steps the
+  bound is tight only if h is below the one-step loss scale (~ q / sigma nats): e.g. q = 1,
+  sigma = 1e5, 1e10 steps (exact epsilon 4.38 at delta 1e-5) gives 15.4 with h = 1e-4 and
+  4.47 with h = 1e-6; always a valid upper bound.
+* ``value_discretization_interval`` h in (0, 1] nats (:data:`MAX_VALUE_DISCRETIZATION_INTERVAL`).
+  Any h is sound, but the bound is pessimistic by up to about h per unit of loss, so a grid
+  coarser than 1 nat gives vacuous answers (at h ~ 1e300 the grid itself overflows) and is
+  rejected.  Tiny h is accepted and enlarged as needed (see above).
+* Round-off: delta is an upper bound up to an absolute float64 round-off of ~1e-16 (differences
+  of up to 4e-17 below the exact one-step curve were measured), so deltas below ~1e-15 are not
+  resolved.  The one-step masses' float64 sum (off by ~1e-16) is not allowed to compound over
+  the steps: the composition is rescaled to the exact total mass (see _fft_compose).
 
 No TensorFlow import; numpy and scipy only.
 """
@@ -69,10 +96,14 @@ from scipy import fft as sp_fft
 from scipy import signal as sp_signal
 from scipy import special
 
-from analysis._checks import (check_count, check_delta, check_finite_positive,
-                              check_nonnegative, check_probability, check_same_length)
+from analysis._checks import (check_delta, check_finite_positive, check_nonnegative,
+                              check_probability, check_same_length, check_steps)
 
 __all__ = [
+    "MAX_NOISE_MULTIPLIER",
+    "MAX_STEPS",
+    "MAX_VALUE_DISCRETIZATION_INTERVAL",
+    "MIN_NOISE_MULTIPLIER",
     "PLDAccountant",
     "compute_delta",
     "compute_epsilon",
@@ -89,21 +120,48 @@ _MGF_BLOCKS = 4096
 _REMOVE = "remove"
 _ADD = "add"
 
+#: Largest number of steps (per phase and in total) that the PLD accountant accepts.
+MAX_STEPS = 10**10
+#: Noise multipliers in (0, MIN_NOISE_MULTIPLIER) are accounted as 0 (sound, see module doc).
+MIN_NOISE_MULTIPLIER = 1e-3
+#: Noise multipliers in (MAX_NOISE_MULTIPLIER, inf) are accounted as MAX_NOISE_MULTIPLIER.
+MAX_NOISE_MULTIPLIER = 1e12
+#: Largest value_discretization_interval accepted (nats).
+MAX_VALUE_DISCRETIZATION_INTERVAL = 1.0
+_STEPS_WHY = "the PLD accountant's supported range; use the RDP accountant beyond it"
+
 
 # ------------------------------------------------------------------------------------------
 # Argument validation.
 
 
 def _check_value_discretization_interval(value) -> float:
-  return check_finite_positive("value_discretization_interval", value)
+  h = check_finite_positive("value_discretization_interval", value)
+  if h > MAX_VALUE_DISCRETIZATION_INTERVAL:
+    raise ValueError(
+        f"value_discretization_interval must be in (0, {MAX_VALUE_DISCRETIZATION_INTERVAL:g}] "
+        f"nats (coarser grids give vacuous bounds), got {value!r}.")
+  return h
 
 
 def _check_phase(sampling_probability, noise_multiplier, steps,
                  names=("sampling_probability", "noise_multiplier", "steps")):
   q = check_probability(names[0], sampling_probability)
   sigma = check_nonnegative(names[1], noise_multiplier)
-  count = check_count(names[2], steps, minimum=0)
+  count = check_steps(names[2], steps, maximum=MAX_STEPS, why=_STEPS_WHY)
   return q, sigma, count
+
+
+def _accounted_noise(sigma: float) -> float:
+  """The noise multiplier actually discretised: sigma clamped to 0 or into [1e-3, 1e12].
+
+  Sound by post-processing: less noise can only increase every point of the privacy curve.
+  """
+  if 0.0 < sigma < MIN_NOISE_MULTIPLIER:
+    return 0.0
+  if MAX_NOISE_MULTIPLIER < sigma < math.inf:
+    return MAX_NOISE_MULTIPLIER
+  return sigma
 
 
 # ------------------------------------------------------------------------------------------
@@ -332,12 +390,20 @@ def _fft_compose(steps_pmfs, lo_idx: int, size: int, lam: float, h: float):
   c[k] * exp(log_scale - lam (lo_idx + k) h), with log_scale = sum count * log M(lam).
   Tilting by the saddle point of the query makes the FFT's absolute round-off (~1e-17 of the
   largest value) relative to the mass near the query instead of relative to the bulk.
+
+  The finite part of each one-step PLD has total mass 1 - p_inf (1 when tilted), but its
+  float64 sum is off by ~1e-16, and raising to ``count`` multiplies that: at 1e9 steps a sum
+  of 1 - 1.1e-16 loses 1e-7 of the composed mass (delta under-reported by 1e-7 relative).  So
+  the composition is scaled up by prod (expected / computed sum)^count over the phases where
+  the sum fell short (never down: extra mass only increases delta).
   """
   spectrum = None
   log_scale = 0.0
-  for i_lo, pmf, _, count in steps_pmfs:
+  log_fix = 0.0
+  for i_lo, pmf, p_inf, count in steps_pmfs:
     if lam == 0.0:
       w = pmf
+      log_expected = math.log1p(-p_inf)
     else:
       t = (i_lo + np.arange(pmf.size)) * h
       with np.errstate(divide="ignore"):
@@ -347,13 +413,20 @@ def _fft_compose(steps_pmfs, lo_idx: int, size: int, lam: float, h: float):
       total = float(np.sum(w))
       w /= total
       log_scale += count * (top + math.log(total))
+      log_expected = 0.0
     idx = (i_lo + np.arange(w.size)) % size
     wrapped = np.bincount(idx, weights=w, minlength=size)
-    factor = np.power(sp_fft.rfft(wrapped), count)
+    one_step = sp_fft.rfft(wrapped)
+    computed = float(one_step[0].real)  # the sum that is raised to the power count
+    if computed > 0.0:
+      log_fix += count * max(0.0, log_expected - math.log(computed))
+    factor = np.power(one_step, count)
     spectrum = factor if spectrum is None else spectrum * factor
   composed = sp_fft.irfft(spectrum, n=size)
   # Round-off leaves noise of ~1e-17 of the largest value, partly negative; clip at 0.
   np.maximum(composed, 0.0, out=composed)
+  if log_fix > 0.0:
+    composed *= math.exp(log_fix)
   return np.roll(composed, -lo_idx), log_scale  # composed[k] is at loss (lo_idx + k) h
 
 
@@ -481,7 +554,10 @@ def _compose_direction(steps_pmfs, h: float):
   log_inv = math.log(1.0 / wrap_tail)
   lam_star = math.sqrt(2.0 * log_inv / max(var, 1e-300))
   lam_star = min(max(lam_star, 1e-8), 1e8)
-  lams = lam_star * np.logspace(-3.0, 2.0, 61)
+  # The Gaussian guess lam_star can be far off for very skewed one-step PLDs (e.g. a mass of
+  # ~1e-16 one grid step up, over 1e8 steps: the useful lam is ~1e-5 lam_star), so the grid
+  # spans eleven decades; a poor range makes the Chernoff window as wide as the support.
+  lams = lam_star * np.logspace(-8.0, 3.0, 133)
   lams = np.concatenate([lams, -lams])
   log_mgf = np.zeros(lams.size)
   for i_lo, pmf, _, count in steps_pmfs:
@@ -515,8 +591,12 @@ class PLDAccountant:
   first query and cached until the next ``compose``.
 
   Args:
-    value_discretization_interval: grid spacing ``h`` of privacy losses, in nats, finite and
-      > 0.  Smaller is tighter and slower (cost ~ 1/h); the excess of the bound shrinks ~h^2.
+    value_discretization_interval: grid spacing ``h`` of privacy losses, in nats, in (0, 1].
+      Smaller is tighter and slower (cost ~ 1/h); the excess of the bound shrinks ~h^2.
+
+  Raises:
+    ValueError: h outside (0, 1]; in :meth:`compose`, an argument out of range or a total
+      number of steps above :data:`MAX_STEPS` (1e10).
   """
 
   def __init__(self, value_discretization_interval: float = 1e-4):
@@ -538,14 +618,21 @@ class PLDAccountant:
 
   def compose(self, sampling_probability: float, noise_multiplier: float,
               steps: int = 1) -> PLDAccountant:
-    """Adds ``steps`` (integer >= 0) steps with q in [0, 1] and noise multiplier >= 0.
+    """Adds ``steps`` (integer in [0, 1e10]) steps with q in [0, 1] and noise multiplier >= 0.
 
     Returns self.  Steps with q = 0, noise = inf or steps = 0 leak nothing and are dropped.
+    Noise multipliers below 1e-3 are accounted as 0 and above 1e12 as 1e12 (sound; see the
+    module docstring).  The accountant holds at most 1e10 steps in total.
     """
     q, sigma, count = _check_phase(sampling_probability, noise_multiplier, steps)
     if count == 0 or q == 0.0 or math.isinf(sigma):
       return self
-    key = (q, sigma)
+    total = sum(self._phases.values()) + count
+    if total > MAX_STEPS:
+      raise ValueError(
+          f"steps must keep the accountant's total in [0, {MAX_STEPS}] ({_STEPS_WHY}); "
+          f"adding {count} steps would make it {total}.")
+    key = (q, _accounted_noise(sigma))
     self._phases[key] = self._phases.get(key, 0) + count
     self._composed = None
     return self
@@ -617,13 +704,17 @@ def compute_epsilon(sampling_probability: float, noise_multiplier: float, steps:
 
   Args:
     sampling_probability: Poisson sampling probability q in [0, 1] (batch size / dataset size).
-    noise_multiplier: noise std over the clipping norm, in [0, inf].
-    steps: number of steps, integer >= 0.
+    noise_multiplier: noise std over the clipping norm, in [0, inf]; values below 1e-3 are
+      accounted as 0 and values above 1e12 as 1e12 (sound upper bounds, see module docstring).
+    steps: number of steps, integer in [0, 1e10].
     delta: target delta in (0, 1).
-    value_discretization_interval: loss grid spacing h (nats), finite and > 0.
+    value_discretization_interval: loss grid spacing h (nats), in (0, 1].
 
-  q = 0, steps = 0 or noise = inf give 0.  Noise 0 with q > 0 gives inf unless
-  1 - (1 - q)^steps <= delta (then the exact, finite answer of the discrete PLD).
+  q = 0, steps = 0 or noise = inf give 0.  Noise 0 (or below 1e-3) with q > 0 gives inf
+  unless 1 - (1 - q)^steps <= delta (then the exact, finite answer of the discrete PLD).
+
+  Raises:
+    ValueError: an argument out of the ranges above; the message names it.
   """
   q, sigma, count = _check_phase(sampling_probability, noise_multiplier, steps)
   delta = check_delta("delta", delta)
@@ -635,8 +726,9 @@ def compute_delta(sampling_probability: float, noise_multiplier: float, steps: i
                   epsilon: float, *, value_discretization_interval: float = 1e-4) -> float:
   """Delta in [0, 1] of ``steps`` DP-SGD steps at ``epsilon`` (nats, >= 0); an upper bound.
 
-  Arguments as in :func:`compute_epsilon`.  Noise 0 with q > 0 gives 1 - (1 - q)^steps (up to
-  the discretisation of the add direction, which cannot exceed that value).
+  Arguments (and their ranges) as in :func:`compute_epsilon`.  Noise 0 (or below 1e-3) with
+  q > 0 gives 1 - (1 - q)^steps (up to the discretisation of the add direction, which cannot
+  exceed that value).
   """
   q, sigma, count = _check_phase(sampling_probability, noise_multiplier, steps)
   epsilon = check_nonnegative("epsilon", epsilon)
@@ -651,8 +743,8 @@ def compute_epsilon_heterogeneous(sampling_probabilities: Sequence[float],
   """Epsilon (nats) of consecutive DP-SGD phases with their own q, sigma and step count.
 
   Phase i runs ``steps_list[i]`` steps with ``sampling_probabilities[i]`` and
-  ``noise_multipliers[i]``; all three sequences must have the same length (0 allowed, giving
-  0).  Each phase's one-step PLD is raised to its step count in the Fourier domain and the
+  ``noise_multipliers[i]`` (ranges as in :func:`compute_epsilon`; at most 1e10 steps in
+  total); all three sequences must have the same length (0 allowed, giving 0).  Each phase's one-step PLD is raised to its step count in the Fourier domain and the
   phases are multiplied there, all on one common grid; add and remove directions are composed
   separately and the larger epsilon is returned.  An upper bound, like compute_epsilon.
   """

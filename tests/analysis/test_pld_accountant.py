@@ -90,6 +90,38 @@ def _one_step_delta_mpmath(q, sigma, epsilon):
   return float(max(remove, add))
 
 
+def _one_step_delta_closed_form(q, sigma, epsilon, dps=80):
+  """max over add/remove of the exact one-step hockey-stick divergence, in closed form.
+
+  The loss of the remove pair, log(1 - q + q exp((2x - 1) / (2 sigma^2))), is increasing in x,
+  so delta is P(X > x*) - e^eps Q(X > x*) at the x* where it equals eps (and similarly for the
+  add pair below its crossing); mpmath at ``dps`` digits keeps this exact for any sigma.
+  """
+  with mpmath.workdps(dps):
+    q, s, e = mpmath.mpf(q), mpmath.mpf(sigma), mpmath.mpf(epsilon)
+    half, ee, em = mpmath.mpf(1) / 2, mpmath.exp(e), mpmath.exp(-e)
+    if q == 1:
+      x = half + s * s * e
+      remove = mpmath.ncdf(-(x - 1) / s) - ee * mpmath.ncdf(-x / s)
+      x = half - s * s * e
+      add = mpmath.ncdf(x / s) - ee * mpmath.ncdf((x - 1) / s)
+    else:
+      x = half + s * s * mpmath.log((ee - 1 + q) / q)
+      remove = q * mpmath.ncdf(-(x - 1) / s) - (ee - 1 + q) * mpmath.ncdf(-x / s)
+      add = mpmath.mpf(0)
+      if em > 1 - q:
+        x = half + s * s * mpmath.log((em - 1 + q) / q)
+        add = (1 - ee * (1 - q)) * mpmath.ncdf(x / s) - ee * q * mpmath.ncdf((x - 1) / s)
+    return float(max(remove, add, 0))
+
+
+def _gaussian_delta_mp(mu, epsilon, dps=60):
+  """Exact delta(eps) of the Gaussian mechanism with sensitivity / std = mu, in mpmath."""
+  with mpmath.workdps(dps):
+    mu, e = mpmath.mpf(mu), mpmath.mpf(epsilon)
+    return float(mpmath.ncdf(-e / mu + mu / 2) - mpmath.exp(e) * mpmath.ncdf(-e / mu - mu / 2))
+
+
 # ------------------------------------------------------------------------------------------
 # Agreement with dp_accounting.
 
@@ -238,6 +270,145 @@ def test_heterogeneous_and_accountant_match_homogeneous():
 
 
 # ------------------------------------------------------------------------------------------
+# Extreme inputs: supported ranges, sound answers outside them, clear errors, no crashes.
+
+# Float64 round-off floor of delta documented in the module (measured up to 4e-17).
+_ROUND_OFF = 1e-16
+
+
+@pytest.mark.parametrize("q", [1.0, 0.5, 0.01, 1e-6])
+def test_largest_discretised_noise_is_sound(q):
+  # One step against the exact closed form at sigma = 1e12 (losses of order 1e-12 nats).
+  sigma = pld.MAX_NOISE_MULTIPLIER
+  for epsilon in (0.0, 1e-13, 1e-9, 0.5):
+    ours = pld.compute_delta(q, sigma, 1, epsilon)
+    assert ours >= _one_step_delta_closed_form(q, sigma, epsilon) - _ROUND_OFF
+  for delta in (1e-3, 1e-5, 1e-10, 1e-13):
+    ours = pld.compute_epsilon(q, sigma, 1, delta)
+    assert _one_step_delta_closed_form(q, sigma, ours) <= delta * (1 + 1e-9) + _ROUND_OFF
+
+
+@pytest.mark.parametrize("q", [1.0, 0.01])
+def test_smallest_discretised_noise_is_sound(q):
+  # One step at sigma = 1e-3 (losses up to ~5e5 nats; the grid interval is enlarged).
+  sigma = pld.MIN_NOISE_MULTIPLIER
+  for epsilon in (0.0, 0.5):
+    ours = pld.compute_delta(q, sigma, 1, epsilon)
+    assert ours >= _one_step_delta_closed_form(q, sigma, epsilon) - _ROUND_OFF
+  ours = pld.compute_epsilon(q, sigma, 1, 1e-5)
+  assert _one_step_delta_closed_form(q, sigma, ours) <= 1e-5 * (1 + 1e-9)
+  assert ours > 4e5  # ~ 1 / (2 sigma^2): vacuous, as the module docstring says
+
+
+@pytest.mark.parametrize("sigma", [9.99e-4, 1e-10, 1e-100, 1e-160, 5e-324])
+def test_tiny_noise_is_accounted_as_no_noise(sigma):
+  # sigma = 1e-100 used to crash ("zero-size array to reduction operation").  Below 1e-3 the
+  # run is accounted as noise-free, a sound upper bound by post-processing.
+  for q, steps in [(0.01, 10), (1.0, 1), (1e-9, 100)]:
+    no_noise = 1 - (1 - q)**steps
+    assert pld.compute_delta(q, sigma, steps, 1.0) == pytest.approx(no_noise, rel=1e-9)
+    assert pld.compute_delta(q, sigma, steps, 1.0) == pld.compute_delta(q, 0.0, steps, 1.0)
+  # Sampled at least once with probability 0.0956 > delta: epsilon inf (the exact value is
+  # above 4e5 nats already at sigma = 1e-3, see test_smallest_discretised_noise_is_sound).
+  assert pld.compute_epsilon(0.01, sigma, 10, 1e-5) == math.inf
+  # Sampled with probability 1e-7 < delta: the exact epsilon of the noise-free run, 0.
+  assert pld.compute_epsilon(1e-9, sigma, 100, 1e-5) == 0.0
+  assert pld.compute_epsilon(1e-9, 0.0, 100, 1e-5) == 0.0
+
+
+@pytest.mark.parametrize("sigma", [1.0001e12, 1e14, 1e100, 1e155, 1e300, 1.7e308])
+def test_huge_noise_is_accounted_as_1e12(sigma):
+  # sigma = 1e155 used to crash and sigma = 1e22 .. 1e150 returned inf.
+  for q, steps in [(0.01, 10), (1.0, 10**8), (0.5, 1)]:
+    at_max = pld.compute_epsilon(q, pld.MAX_NOISE_MULTIPLIER, steps, 1e-5)
+    assert pld.compute_epsilon(q, sigma, steps, 1e-5) == at_max
+    assert pld.compute_delta(q, sigma, steps, 0.0) == pld.compute_delta(
+        q, pld.MAX_NOISE_MULTIPLIER, steps, 0.0)
+  # Sound: above the exact one-step curve at the true sigma (which is below the one at 1e12).
+  for q in (1.0, 0.5, 0.01):
+    assert pld.compute_delta(q, sigma, 1, 0.0) >= _one_step_delta_closed_form(q, sigma, 0.0)
+  # q = 1, 1e8 steps: the Gaussian mechanism with mu = 1e4 / 1e12, whose exact delta at 0 is
+  # 4e-9 < 1e-5, so eps is 0 at the true sigma; at 1e12 the (pessimistic) grid gives 7.9e-5.
+  assert _gaussian_delta_mp(1e4 / 1e12, 0.0) < 1e-5
+  assert 0.0 <= pld.compute_epsilon(1.0, sigma, 10**8, 1e-5) < 1e-4
+
+
+def test_step_counts_up_to_1e10_work_and_larger_ones_are_clear_errors():
+  # q = 1: T Gaussian steps are one Gaussian with mu = sqrt(T) / sigma.  With one-step losses
+  # of std 1e-5 nats a grid of h = 1e-4 is loose (15.4 instead of 4.38 at 1e10 steps), so the
+  # interval is chosen below the loss scale.
+  for steps, sigma, h in [(10**8, 1e4, 1e-5), (10**10, 1e5, 1e-6)]:
+    eps = pld.compute_epsilon(1.0, sigma, steps, 1e-5, value_discretization_interval=h)
+    mu = math.sqrt(steps) / sigma
+    assert _gaussian_delta_mp(mu, eps) <= 1e-5  # valid ...
+    assert _gaussian_delta_mp(mu, 0.8 * eps) > 1e-5  # ... and not vacuous
+  eps = pld.compute_epsilon(MNIST_Q, MNIST_SIGMA, 10**8, 1e-5)
+  assert math.isfinite(eps) and eps > pld.compute_epsilon(MNIST_Q, MNIST_SIGMA, 10**6, 1e-5)
+  why = "(the PLD accountant's supported range; use the RDP accountant beyond it)"
+  cases = {
+      10**10 + 1: f"steps must be an integer in [0, 10000000000] {why}, got 10000000001.",
+      10**400: f"steps must be an integer in [0, 10000000000] {why}, got 1.000e+400 (an "
+               "integer of 401 digits).",
+  }
+  for steps, message in cases.items():
+    for call in (lambda: pld.compute_epsilon(0.01, 1.0, steps, 1e-5),
+                 lambda: pld.compute_delta(0.01, 1.0, steps, 1.0),
+                 lambda: pld.PLDAccountant().compose(0.01, 1.0, steps)):
+      with pytest.raises(ValueError) as info:
+        call()  # 10**400 used to raise OverflowError
+      assert str(info.value) == message
+    with pytest.raises(ValueError) as info:
+      pld.compute_epsilon_heterogeneous([0.01], [1.0], [steps], 1e-5)
+    assert str(info.value) == message.replace("steps", "steps_list[0]", 1)
+  total = ("steps must keep the accountant's total in [0, 10000000000] (the PLD accountant's "
+           "supported range; use the RDP accountant beyond it); adding 6000000000 steps would "
+           "make it 12000000000.")
+  with pytest.raises(ValueError) as info:
+    pld.PLDAccountant().compose(0.01, 1.0, 6 * 10**9).compose(0.02, 1.0, 6 * 10**9)
+  assert str(info.value) == total
+  with pytest.raises(ValueError) as info:
+    pld.compute_epsilon_heterogeneous([0.01, 0.02], [1.0, 1.0], [6 * 10**9] * 2, 1e-5)
+  assert str(info.value) == total
+
+
+def test_many_steps_do_not_lose_mass_to_round_off():
+  # Found by a random search: the one-step pmf's float64 sum was 1 - 1.1e-16, and raised to
+  # 1.9e9 steps the composed mass was 1 - 2e-7, so delta came out as 0.99999989 where the
+  # exact value (Gaussian, mu = sqrt(T) / sigma = 4.3e5, at eps = 1) is 1 - 1e-(10^10).
+  q, sigma, steps, h = 1.0, 0.10230712097688355, 1901490030, 0.00014060056494524876
+  assert _gaussian_delta_mp(math.sqrt(steps) / sigma, 1.0) == 1.0
+  assert pld.compute_delta(q, sigma, steps, 1.0, value_discretization_interval=h) == 1.0
+
+
+@pytest.mark.parametrize("h", [1.0000001, 10.0, 1e10, 1e300])
+def test_coarse_discretisation_is_rejected(h):
+  # h = 1e300 used to crash; h = 1e10 returned epsilon = 2e10 for a run with epsilon 0.38.
+  message = ("value_discretization_interval must be in (0, 1] nats (coarser grids give vacuous "
+             f"bounds), got {h!r}.")
+  for call in (lambda: pld.compute_epsilon(0.01, 1.0, 10, 1e-5, value_discretization_interval=h),
+               lambda: pld.compute_delta(0.01, 1.0, 10, 1.0, value_discretization_interval=h),
+               lambda: pld.compute_epsilon_heterogeneous([0.01], [1.0], [10], 1e-5,
+                                                         value_discretization_interval=h),
+               lambda: pld.PLDAccountant(h)):
+    with pytest.raises(ValueError) as info:
+      call()
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("h", [1.0, 0.1, 1e-8, 1e-300, 5e-324])
+def test_any_discretisation_in_range_is_sound(h):
+  # q = 1, sigma = 2, 10 steps: the Gaussian mechanism with mu = sqrt(10) / 2.  Tiny h is
+  # enlarged to fit the grid; every h in (0, 1] gives a valid bound, tight for h <= 0.1.
+  mu = math.sqrt(10) / 2
+  eps = pld.compute_epsilon(1.0, 2.0, 10, 1e-5, value_discretization_interval=h)
+  assert _gaussian_delta_mp(mu, eps) <= 1e-5 * (1 + 1e-9)
+  if h <= 0.1:
+    assert _gaussian_delta_mp(mu, eps * (1 - 1e-2)) > 1e-5
+  delta = pld.compute_delta(1.0, 2.0, 10, 1.0, value_discretization_interval=h)
+  assert delta >= _gaussian_delta_mp(mu, 1.0)
+
+
+# ------------------------------------------------------------------------------------------
 # Argument errors: each names the argument.
 
 
@@ -258,6 +429,8 @@ def test_heterogeneous_and_accountant_match_homogeneous():
     (dict(value_discretization_interval=0.0), "value_discretization_interval"),
     (dict(value_discretization_interval=-1e-4), "value_discretization_interval"),
     (dict(value_discretization_interval=math.inf), "value_discretization_interval"),
+    (dict(value_discretization_interval=1.5), r"value_discretization_interval must be in \(0, 1\]"),
+    (dict(steps=10**10 + 1), r"steps must be an integer in \[0, 10000000000\]"),
 ])
 def test_compute_epsilon_rejects_bad_arguments(kwargs, match):
   args = dict(sampling_probability=0.01, noise_multiplier=1.0, steps=10, delta=1e-5)
