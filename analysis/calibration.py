@@ -25,8 +25,9 @@ from fractions import Fraction
 import numpy as np
 
 from analysis import rdp_accountant
-from analysis._checks import (check_choice, check_count, check_delta, check_orders,
-                              check_positive, check_probability, check_real)
+from analysis._checks import (MAX_STEPS, _describe, check_choice, check_count, check_delta,
+                              check_orders, check_positive, check_probability, check_real,
+                              check_steps)
 
 __all__ = ["compute_noise_multiplier", "compute_noise_multiplier_for_training",
            "steps_for_training", "ACCOUNTANTS"]
@@ -73,10 +74,10 @@ def compute_noise_multiplier(target_epsilon: float, target_delta: float,
     target_epsilon: eps budget in nats, > 0 (inf allowed: returns 0 unless steps/q are 0).
     target_delta: delta in (0, 1).
     sampling_probability: q in [0, 1].
-    steps: number of steps, an integer >= 0.
+    steps: number of steps, an integer in [0, 2**53] for "rdp", [0, 1e10] for "pld".
     accountant: "rdp" (default) or "pld".
-    orders: RDP orders (each in (1, inf]) for accountant="rdp"; default
-      ``rdp_accountant.DEFAULT_ORDERS``.  Ignored by "pld".
+    orders: RDP orders (non-empty, each in (1, 1e6] or inf) for accountant="rdp"; default
+      ``rdp_accountant.DEFAULT_ORDERS``.  Must be None with "pld" (which has no orders).
     tolerance: relative tolerance on sigma, in (0, 1); default 1e-4.
 
   Returns:
@@ -90,8 +91,16 @@ def compute_noise_multiplier(target_epsilon: float, target_delta: float,
   target_epsilon = check_positive("target_epsilon", target_epsilon)
   target_delta = check_delta("target_delta", target_delta)
   q = check_probability("sampling_probability", sampling_probability)
-  steps = check_count("steps", steps, minimum=0)
   check_choice("accountant", accountant, ACCOUNTANTS)
+  if accountant == "pld":
+    from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
+    steps = check_steps("steps", steps, maximum=pld_accountant.MAX_STEPS,
+                        why="the PLD accountant's supported range")
+    if orders is not None:
+      raise ValueError("orders must be None with accountant='pld' (the PLD accountant has no "
+                       f"Renyi orders), got {orders!r}.")
+  else:
+    steps = check_steps("steps", steps)
   tolerance = check_real("tolerance", tolerance)
   if not 0.0 < tolerance < 1.0:
     raise ValueError(f"tolerance must be in (0, 1), got {tolerance!r}.")
@@ -99,7 +108,7 @@ def compute_noise_multiplier(target_epsilon: float, target_delta: float,
     orders = list(rdp_accountant.DEFAULT_ORDERS)
   else:
     orders = list(check_orders("orders", orders if not isinstance(orders, np.ndarray)
-                               else list(orders))[0])
+                               else list(orders), max_finite=rdp_accountant.MAX_ORDER)[0])
   if q == 0.0 or steps == 0 or target_epsilon == math.inf:
     return 0.0
 
@@ -182,7 +191,8 @@ def steps_for_training(dataset_size: int, batch_size: int, epochs: float) -> int
   """ceil(epochs * dataset_size / batch_size), computed exactly (no float rounding).
 
   dataset_size and batch_size are integers >= 1 with batch_size <= dataset_size; epochs is a
-  real number >= 0 (fractions of an epoch allowed).
+  real number >= 0 (fractions of an epoch allowed).  The result must not exceed 2**53 (the
+  largest step count the accountants accept); a larger one raises a ValueError naming epochs.
   """
   dataset_size = check_count("dataset_size", dataset_size, minimum=1)
   batch_size = check_count("batch_size", batch_size, minimum=1)
@@ -192,7 +202,13 @@ def steps_for_training(dataset_size: int, batch_size: int, epochs: float) -> int
   epochs = check_real("epochs", epochs)
   if not 0.0 <= epochs < math.inf:
     raise ValueError(f"epochs must be finite and >= 0, got {epochs!r}.")
-  return math.ceil(Fraction(epochs) * dataset_size / batch_size)
+  steps = math.ceil(Fraction(epochs) * dataset_size / batch_size)
+  if steps > MAX_STEPS:
+    raise ValueError(
+        f"epochs={epochs!r} with dataset_size={dataset_size} and batch_size={batch_size} "
+        f"gives {_describe(steps)} steps; steps must be in [0, 2**53 = {MAX_STEPS}], so epochs must "
+        f"be at most {MAX_STEPS * batch_size / dataset_size:.6g}.")
+  return steps
 
 
 def compute_noise_multiplier_for_training(target_epsilon: float, target_delta: float,

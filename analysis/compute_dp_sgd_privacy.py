@@ -139,8 +139,10 @@ def compute_dp_sgd_privacy(n: int, batch_size: int, noise_multiplier: float, epo
     epochs: real >= 0.
     delta: in (0, 1).
     microbatch_size: integer >= 1 (default 1: per-example clipping).
-    orders: RDP orders (each > 1) for accountant "rdp"; default DEFAULT_ORDERS.
-    accountant: "rdp" (default) or "pld" (analysis.pld_accountant, imported lazily).
+    orders: RDP orders (non-empty, each in (1, 1e6] or inf) for accountant "rdp"; default
+      DEFAULT_ORDERS.  Must be None with accountant "pld", which has no Renyi orders.
+    accountant: "rdp" (default) or "pld" (analysis.pld_accountant, imported lazily).  The
+      number of steps must be at most 2**53 for "rdp" and 1e10 for "pld".
 
   Returns:
     A :class:`DpSgdPrivacy`; ``str()`` of it is the plain-English statement.
@@ -162,13 +164,24 @@ def compute_dp_sgd_privacy(n: int, batch_size: int, noise_multiplier: float, epo
     raise ValueError(f"microbatch_size must divide batch_size={batch_size}, "
                      f"got {microbatch_size}.")
   check_choice("accountant", accountant, ACCOUNTANTS)
+  if accountant == "pld" and orders is not None:
+    raise ValueError("orders must be None with accountant='pld' (the PLD accountant has no "
+                     f"Renyi orders), got {orders!r}.")
   if orders is None:
     orders = list(rdp_accountant.DEFAULT_ORDERS)
   else:
-    orders = [float(a) for a in check_orders("orders", list(orders))[0]]
+    orders = [float(a) for a in check_orders("orders", list(orders),
+                                             max_finite=rdp_accountant.MAX_ORDER)[0]]
 
   q = batch_size / n
   steps = calibration.steps_for_training(n, batch_size, epochs)
+  if accountant == "pld":
+    from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
+    if steps > pld_accountant.MAX_STEPS:
+      raise ValueError(
+          f"epochs={epochs!r} gives {steps} steps, above the PLD accountant's supported "
+          f"maximum of {pld_accountant.MAX_STEPS} steps; use fewer epochs (at most "
+          f"{pld_accountant.MAX_STEPS * batch_size / n:.6g}) or accountant='rdp'.")
   epochs_touched = math.ceil(epochs)
   effective = sigma / 2.0 if microbatch_size > 1 else sigma
   if accountant == "rdp":
@@ -208,8 +221,9 @@ def _define_flags():
   flags.DEFINE_float("delta", 1e-5, "Target delta, in (0, 1).", flag_values=values)
   flags.DEFINE_integer("microbatch_size", 1, "Examples per clipped microbatch.",
                        flag_values=values)
-  flags.DEFINE_list("orders", None, "Comma-separated RDP orders (each > 1); default: "
-                    "analysis.rdp_accountant.DEFAULT_ORDERS.", flag_values=values)
+  flags.DEFINE_list("orders", None, "Comma-separated RDP orders (each > 1), only with "
+                    "--accountant=rdp; default: analysis.rdp_accountant.DEFAULT_ORDERS.",
+                    flag_values=values)
   flags.DEFINE_enum("accountant", "rdp", list(ACCOUNTANTS), "Accountant: rdp or pld.",
                     flag_values=values)
   for name in ("N", "batch_size", "noise_multiplier", "epochs"):
@@ -242,6 +256,9 @@ def run(argv=None) -> None:
   if len(rest) > 1:
     _fail(f"unexpected positional arguments: {' '.join(rest[1:])}")
   orders = None
+  if values.orders is not None and values.accountant == "pld":
+    _fail("--orders applies only to --accountant=rdp (the PLD accountant has no Renyi orders); "
+          "drop --orders or use --accountant=rdp")
   if values.orders is not None:
     try:
       orders = [float(x) for x in values.orders]

@@ -115,6 +115,37 @@ def test_errors():
     calibration.compute_noise_multiplier_for_training(1.0, 1e-5, 100, 10, -1)
 
 
+def test_steps_range_and_orders_errors():
+  # 1e8 steps work (and meet the budget by the independent reference) ...
+  q, steps, delta = 1e-5, 10**8, 1e-5
+  sigma = calibration.compute_noise_multiplier(2.0, delta, q, steps)
+  assert _independent_epsilon_at_optimum(q, sigma, steps, delta) <= 2.0 * (1 + 1e-9)
+  # ... too many steps are a clear error instead of an OverflowError.
+  with pytest.raises(ValueError) as info:
+    calibration.compute_noise_multiplier(1.0, 1e-5, 0.01, 10**400)
+  assert str(info.value) == ("steps must be an integer in [0, 2**53 = 9007199254740992], got "
+                             "1.000e+400 (an integer of 401 digits).")
+  with pytest.raises(ValueError) as info:
+    calibration.compute_noise_multiplier(1.0, 1e-5, 0.01, 10**10 + 1, accountant="pld")
+  assert str(info.value) == ("steps must be an integer in [0, 10000000000] (the PLD "
+                             "accountant's supported range), got 10000000001.")
+  with pytest.raises(ValueError) as info:
+    calibration.compute_noise_multiplier_for_training(1.0, 1e-5, 60000, 256, 1e300)
+  assert str(info.value) == (
+      "epochs=1e+300 with dataset_size=60000 and batch_size=256 gives 2.343e+302 (an integer "
+      "of 303 digits) steps; steps must be in [0, 2**53 = 9007199254740992], so epochs must "
+      "be at most 3.84307e+13.")
+  assert calibration.steps_for_training(60000, 256, 3.84307e13) <= 2**53
+  with pytest.raises(ValueError) as info:
+    calibration.compute_noise_multiplier(1.0, 1e-5, 0.01, 100, orders=[])
+  assert str(info.value) == "orders must not be empty: give at least one Renyi order in (1, inf]."
+  # The PLD accountant has no orders: giving some is an error, not silently ignored.
+  with pytest.raises(ValueError) as info:
+    calibration.compute_noise_multiplier(1.0, 1e-5, 0.01, 100, accountant="pld", orders=[2, 3])
+  assert str(info.value) == ("orders must be None with accountant='pld' (the PLD accountant "
+                             "has no Renyi orders), got [2, 3].")
+
+
 def _pld_compute_epsilon():
   module = pytest.importorskip("analysis.pld_accountant")
   if not hasattr(module, "compute_epsilon"):

@@ -120,6 +120,27 @@ def test_pld_accountant_branch():
   assert result.epsilon <= rdp.epsilon
 
 
+def test_orders_with_pld_and_out_of_range_steps_are_errors():
+  with pytest.raises(ValueError) as info:
+    cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 1, 1e-5, orders=[2, 3], accountant="pld")
+  assert str(info.value) == ("orders must be None with accountant='pld' (the PLD accountant "
+                             "has no Renyi orders), got [2, 3].")
+  with pytest.raises(ValueError) as info:
+    cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 1, 1e-5, orders=[])
+  assert str(info.value) == "orders must not be empty: give at least one Renyi order in (1, inf]."
+  # 1e300 epochs: about 2e302 steps, which used to give a finite epsilon from rounded floats.
+  with pytest.raises(ValueError, match=r"^epochs=1e\+300 with dataset_size=60000 and "
+                                       r"batch_size=256 gives 2\.343e\+302"):
+    cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 1e300, 1e-5)
+  with pytest.raises(ValueError) as info:
+    cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 1e8, 1e-5, accountant="pld")
+  # 1e8 * 60000 / 256 = 23437500000 steps; at most 1e10 * 256 / 60000 = 4.26667e7 epochs.
+  assert str(info.value) == (
+      "epochs=100000000.0 gives 23437500000 steps, above the PLD accountant's supported "
+      "maximum of 10000000000 steps; use fewer epochs (at most 4.26667e+07) or "
+      "accountant='rdp'.")
+
+
 # ------------------------------------------------------------------------------------------
 # Command line, in a subprocess.
 
@@ -155,6 +176,10 @@ def test_cli_success():
       "--orders=1.5,x"], "orders"),
     (["--N=60000", "--batch_size=256", "--noise_multiplier=1.1", "--epochs=60",
       "--accountant=moments"], "accountant"),
+    (["--N=60000", "--batch_size=256", "--noise_multiplier=1.1", "--epochs=60", "--orders="],
+     "orders must not be empty"),
+    (["--N=60000", "--batch_size=256", "--noise_multiplier=1.1", "--epochs=1e300"],
+     "epochs=1e+300 with dataset_size=60000"),
 ])
 def test_cli_bad_flags_exit_nonzero_with_one_line(args, fragment):
   proc = _cli(*args)
@@ -162,3 +187,20 @@ def test_cli_bad_flags_exit_nonzero_with_one_line(args, fragment):
   assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and fragment in lines[0], proc.stderr
+
+
+def test_cli_orders_with_pld_is_an_error():
+  # --orders used to be silently ignored with --accountant=pld.
+  for orders in ("--orders=2,4,8", "--orders=32"):
+    proc = _cli("--N=60000", "--batch_size=256", "--noise_multiplier=1.1", "--epochs=3",
+                "--accountant=pld", orders)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (
+        "compute_dp_sgd_privacy: error: --orders applies only to --accountant=rdp (the PLD "
+        "accountant has no Renyi orders); drop --orders or use --accountant=rdp\n")
+  # Without --orders the PLD run works, and --orders with rdp is honoured.
+  proc = _cli("--N=60000", "--batch_size=256", "--noise_multiplier=1.1", "--epochs=3",
+              "--accountant=pld")
+  assert proc.returncode == 0, proc.stderr
+  expected = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 3, 1e-5, accountant="pld")
+  assert f"epsilon = {expected.epsilon:.4g} at delta = 1e-05" in proc.stdout
