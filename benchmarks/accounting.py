@@ -4,8 +4,11 @@
 
 Setting: MNIST DP-SGD, q = 256/60000, noise multiplier 1.1, delta 1e-5; 14063 steps (60 epochs)
 for the RDP rows, 100,000 steps for the PLD row.  Each row is timed ``--reps`` times (default
-20) after one warm-up call and the median is reported.  Targets: < 50 ms for the RDP rows,
-< 2 s for PLD.  No TensorFlow import.
+20) after one warm-up call and the median is reported.  Every timed call, the warm-up included,
+starts with all memoisation caches of the accounting modules cleared (every functools cache
+found on them, e.g. rdp_accountant._log_a_int), so each rep pays the full cost of a fresh
+query, as a first call in a new process would (module imports aside).  Targets: < 50 ms for
+the RDP rows, < 2 s for PLD.  No TensorFlow import.
 """
 from __future__ import annotations
 
@@ -19,17 +22,44 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis import calibration, rdp_accountant  # noqa: E402
+from analysis import calibration, pld_accountant, rdp_accountant  # noqa: E402
 
 Q, SIGMA, DELTA, STEPS = 256 / 60000, 1.1, 1e-5, 14063
 PLD_STEPS = 100_000
 COMMAND = "python benchmarks/accounting.py"
 
 
+_MODULES = (calibration, pld_accountant, rdp_accountant)
+
+
+def _caches():
+  """Every functools.lru_cache / functools.cache wrapper defined on the accounting modules."""
+  found = []
+  for module in _MODULES:
+    for name in dir(module):
+      obj = getattr(module, name)
+      if callable(getattr(obj, "cache_clear", None)) and callable(getattr(obj, "cache_info",
+                                                                           None)):
+        found.append(obj)
+  return found
+
+
+CACHES = _caches()
+
+
+def _clear_caches():
+  for cache in CACHES:
+    cache.cache_clear()
+
+
 def _median_seconds(fn, reps):
-  fn()  # warm-up (imports, caches of the first call)
+  """Median wall time of fn over reps calls, each after clearing every cache."""
+  _clear_caches()
+  fn()  # warm-up (lazy imports, code paths); caches are cleared again below
   times = []
   for _ in range(reps):
+    _clear_caches()
+    assert all(cache.cache_info().currsize == 0 for cache in CACHES)
     start = time.perf_counter()
     fn()
     times.append(time.perf_counter() - start)
@@ -44,16 +74,12 @@ def _rdp_grid():
 
 def _rows(reps):
   rows = []
-  # compute_rdp caches integer-order values per (q, sigma, alpha); clear it so each rep pays
-  # the full cost, as a fresh query would.
-  clear = rdp_accountant._log_a_int.cache_clear  # pylint: disable=protected-access
+  assert CACHES, "expected rdp_accountant._log_a_int's cache; did the module change?"
 
-  def timed(label, fn, target):
-    def run():
-      clear()
-      return fn()
-    value = run()
-    rows.append((label, _median_seconds(run, reps), target, value))
+  def timed(label, fn, target, count=reps):
+    _clear_caches()
+    value = fn()
+    rows.append((label, _median_seconds(fn, count), target, value))
 
   timed(f"compute_rdp + get_privacy_spent, DEFAULT_ORDERS ({len(rdp_accountant.DEFAULT_ORDERS)}"
         f" orders), {STEPS} steps", _rdp_grid, 0.05)
@@ -62,21 +88,12 @@ def _rows(reps):
             Q, SIGMA, STEPS, target_delta=DELTA)[0], 0.05)
   timed("compute_noise_multiplier (rdp) for eps = 2.6",
         lambda: calibration.compute_noise_multiplier(2.6, DELTA, Q, STEPS), 0.05)
-  try:
-    from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
-    compute_epsilon = getattr(pld_accountant, "compute_epsilon", None)
-  except ImportError:
-    compute_epsilon = None
-  if compute_epsilon is not None:
-    pld_reps = max(3, reps // 4)
-    value = compute_epsilon(Q, SIGMA, PLD_STEPS, DELTA)
-    rows.append((f"pld_accountant.compute_epsilon, {PLD_STEPS} steps",
-                 _median_seconds(lambda: compute_epsilon(Q, SIGMA, PLD_STEPS, DELTA), pld_reps),
-                 2.0, value))
-    value = calibration.compute_noise_multiplier(2.6, DELTA, Q, STEPS, accountant="pld")
-    rows.append(("compute_noise_multiplier (pld) for eps = 2.6",
-                 _median_seconds(lambda: calibration.compute_noise_multiplier(
-                     2.6, DELTA, Q, STEPS, accountant="pld"), 3), None, value))
+  timed(f"pld_accountant.compute_epsilon, {PLD_STEPS} steps",
+        lambda: pld_accountant.compute_epsilon(Q, SIGMA, PLD_STEPS, DELTA), 2.0,
+        count=max(3, reps // 4))
+  timed("compute_noise_multiplier (pld) for eps = 2.6",
+        lambda: calibration.compute_noise_multiplier(2.6, DELTA, Q, STEPS, accountant="pld"),
+        None, count=3)
   return rows
 
 
@@ -91,7 +108,8 @@ def main(argv):
       "",
       f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
       f"Python {platform.python_version()}; median of {reps} runs (PLD rows: fewer, see "
-      "benchmarks/accounting.py).",
+      "benchmarks/accounting.py), each with every memoisation cache of the accounting "
+      "modules cleared first (cold: a fresh query's full cost).",
       f"Setting: q = 256/60000, noise multiplier {SIGMA}, delta {DELTA:g}.",
       "",
       "| what | median time | target | result |",
