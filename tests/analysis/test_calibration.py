@@ -170,3 +170,17 @@ def test_pld_import_is_lazy():
   text = open(source, encoding="utf-8").read()
   top_level = [line for line in text.splitlines() if line.startswith(("import ", "from "))]
   assert not any("pld_accountant" in line for line in top_level)
+
+
+def test_windowed_order_search_equals_the_full_grid_after_jumps():
+  # The calibration evaluates eps on a sliding window of orders around the last optimum; it
+  # must equal the full-grid epsilon, also after large jumps in sigma (optimum far away).
+  import warnings
+  q, steps, delta = 256 / 60000, 14063, 1e-5
+  eps_of = calibration._epsilon_function(q, steps, delta, "rdp", ORDERS)  # pylint: disable=protected-access
+  for sigma in [1.0, 5.0, 0.7, 3.0, 1.1, 40.0, 0.45, 1.0993, 200.0, 0.6]:
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", rdp_accountant.OrderAtBoundaryWarning)
+      full = rdp_accountant.get_privacy_spent(
+          ORDERS, rdp_accountant.compute_rdp(q, sigma, steps, ORDERS), target_delta=delta)[0]
+    assert eps_of(sigma) == full, sigma
