@@ -248,13 +248,7 @@ def _discretize_step(q: float, sigma: float, h: float, direction: str, tail: flo
     i_lo, pmf = _split_point_mass(-log1mq, 1.0, h)
     return i_lo, pmf, 0.0
 
-  z_tail = -float(special.ndtri(tail))  # N(0,1) upper-tail quantile of `tail`
-  if direction == _REMOVE:
-    t_hi = _loss_remove(1.0 + sigma * z_tail, q, sigma)
-    t_lo = log1mq if q < 1.0 else _loss_remove(1.0 - sigma * z_tail, q, sigma)
-  else:
-    t_hi = -log1mq if q < 1.0 else -_loss_remove(-sigma * z_tail, q, sigma)
-    t_lo = -_loss_remove(sigma * z_tail, q, sigma)
+  t_lo, t_hi = _loss_range(q, sigma, direction, tail)
   i_lo = math.floor(t_lo / h)
   i_hi = max(math.ceil(t_hi / h), i_lo + 1)
   t = np.arange(i_lo, i_hi + 1, dtype=np.float64) * h
@@ -288,11 +282,10 @@ def _discretize_step(q: float, sigma: float, h: float, direction: str, tail: flo
   return i_lo, pmf, float(p_upper_tail)
 
 
-def _step_loss_range(q: float, sigma: float, direction: str, tail: float) -> float:
-  """Width (nats) of the one-step grid that _discretize_step would build."""
-  if sigma == 0.0:
-    return 0.0
-  z_tail = -float(special.ndtri(tail))
+def _loss_range(q: float, sigma: float, direction: str, tail: float) -> tuple[float, float]:
+  """Ends ``(t_lo, t_hi)`` (nats) of the one-step privacy-loss grid for ``sigma > 0``: the
+  losses at the N(0,1) upper-tail quantile of ``tail`` (or the loss's bound log(1 - q))."""
+  z_tail = -float(special.ndtri(tail))  # N(0,1) upper-tail quantile of `tail`
   log1mq = math.log1p(-q) if q < 1.0 else -math.inf
   if direction == _REMOVE:
     t_hi = _loss_remove(1.0 + sigma * z_tail, q, sigma)
@@ -300,6 +293,14 @@ def _step_loss_range(q: float, sigma: float, direction: str, tail: float) -> flo
   else:
     t_hi = -log1mq if q < 1.0 else -_loss_remove(-sigma * z_tail, q, sigma)
     t_lo = -_loss_remove(sigma * z_tail, q, sigma)
+  return t_lo, t_hi
+
+
+def _step_loss_range(q: float, sigma: float, direction: str, tail: float) -> float:
+  """Width (nats) of the one-step grid that _discretize_step would build."""
+  if sigma == 0.0:
+    return 0.0
+  t_lo, t_hi = _loss_range(q, sigma, direction, tail)
   return t_hi - t_lo
 
 

@@ -6,7 +6,7 @@ from absl import flags
 
 from analysis import pld_accountant  # noqa: F401  (imported so a missing extra fails early)
 from tf_dpkit.budget import PrivacyAccountant
-from tf_dpkit.data import mnist
+from tf_dpkit.data import mnist, poisson_batches, shuffled_batches
 from mnist_cnn import cnn_layers  # noqa: F401  (re-exported for the tutorials)
 
 FLAGS = flags.FLAGS
@@ -81,6 +81,15 @@ def noise_multiplier(n):
   print(f"Train to a budget: noise_multiplier={sigma:.4f} meets epsilon={FLAGS.target_epsilon} "
         f"at delta={FLAGS.delta} for {FLAGS.epochs} epochs.")
   return sigma
+
+
+def train_batches(train, steps):
+  """The training batches ``(x, y, weight)`` for ``steps`` steps: Poisson-sampled (default) or
+  shuffled, as ``--sampling`` says, with the secret (or ``--sampling_seed``) sampling seed."""
+  if FLAGS.sampling == "poisson":
+    return poisson_batches(train, expected_batch_size=FLAGS.batch_size, steps=steps,
+                           seed=FLAGS.sampling_seed)
+  return shuffled_batches(train, FLAGS.batch_size, FLAGS.epochs, FLAGS.sampling_seed)
 
 
 def microbatch_size():

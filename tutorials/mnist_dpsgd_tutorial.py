@@ -21,7 +21,6 @@ from absl import app, flags  # noqa: E402
 import common  # noqa: E402
 import tf_dpkit  # noqa: E402
 from tf_dpkit.budget import PrivacyBudget  # noqa: E402
-from tf_dpkit.data import poisson_batches, shuffled_batches  # noqa: E402
 
 FLAGS = common.FLAGS
 common.define_flags()
@@ -67,12 +66,7 @@ def main(argv):
     model = keras.Sequential(common.cnn_layers(keras))
     optimizer = keras.optimizers.SGD(FLAGS.learning_rate)
   model.compile(optimizer=optimizer, loss=loss, metrics=["accuracy"])
-  if FLAGS.sampling == "poisson":
-    train = poisson_batches((x_train, y_train), expected_batch_size=FLAGS.batch_size,
-                            steps=steps * FLAGS.epochs, seed=FLAGS.sampling_seed)
-  else:
-    train = shuffled_batches((x_train, y_train), FLAGS.batch_size, FLAGS.epochs,
-                             FLAGS.sampling_seed)
+  train = common.train_batches((x_train, y_train), steps * FLAGS.epochs)
   test = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(1024)
   history = model.fit(train.prefetch(2), epochs=FLAGS.epochs, steps_per_epoch=steps,
                       validation_data=test, callbacks=callbacks, shuffle=False, verbose=0)

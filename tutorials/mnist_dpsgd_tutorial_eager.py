@@ -26,7 +26,6 @@ from absl import app, flags  # noqa: E402
 import common  # noqa: E402
 import tf_dpkit  # noqa: E402
 from tf_dpkit.budget import PrivacyAccountant  # noqa: E402
-from tf_dpkit.data import poisson_batches, shuffled_batches  # noqa: E402
 
 FLAGS = common.FLAGS
 common.define_flags(default_learning_rate=0.001)
@@ -67,12 +66,7 @@ def main(argv):
       optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return tf.reduce_sum(vector_loss) / tf.maximum(tf.reduce_sum(mask), 1.0)
 
-  if FLAGS.sampling == "poisson":
-    train = poisson_batches((x_train, y_train), expected_batch_size=FLAGS.batch_size,
-                            steps=steps * FLAGS.epochs, seed=FLAGS.sampling_seed)
-  else:
-    train = shuffled_batches((x_train, y_train), FLAGS.batch_size, FLAGS.epochs,
-                             FLAGS.sampling_seed)
+  train = common.train_batches((x_train, y_train), steps * FLAGS.epochs)
   iterator = iter(train.prefetch(2))
   start = time.time()
   accuracy = 0.0

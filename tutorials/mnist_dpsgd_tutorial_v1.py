@@ -23,7 +23,6 @@ from absl import app  # noqa: E402
 import common  # noqa: E402
 import tf_dpkit  # noqa: E402
 from tf_dpkit.budget import PrivacyAccountant  # noqa: E402
-from tf_dpkit.data import poisson_batches, shuffled_batches  # noqa: E402
 
 V1 = tf.compat.v1
 FLAGS = common.FLAGS
@@ -58,12 +57,7 @@ def main(argv):
   graph = tf.Graph()
   with graph.as_default():
     V1.set_random_seed(FLAGS.seed)
-    if FLAGS.sampling == "poisson":
-      train = poisson_batches((x_train, y_train), expected_batch_size=FLAGS.batch_size,
-                              steps=steps * FLAGS.epochs, seed=FLAGS.sampling_seed)
-    else:
-      train = shuffled_batches((x_train, y_train), FLAGS.batch_size, FLAGS.epochs,
-                               FLAGS.sampling_seed)
+    train = common.train_batches((x_train, y_train), steps * FLAGS.epochs)
     images, labels, mask = V1.data.make_one_shot_iterator(train.prefetch(2)).get_next()
     with V1.variable_scope("cnn"):
       logits = cnn_logits(images)
