@@ -51,12 +51,16 @@ def test_graph_mode_clipping_matches_numpy_reference():
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_graph_mode_draws_fresh_noise_every_run():
+@pytest.mark.parametrize("made_outside_the_graph", [False, True])
+def test_graph_mode_draws_fresh_noise_every_run(made_outside_the_graph):
+  # An optimizer made before entering the graph gets its noise-draw counter in that graph.
+  made = tf_dpkit.v1.DPGradientDescentGaussianOptimizer(1.0, 1.0, learning_rate=1.0, seed=3)
   graph = tf.Graph()
   with graph.as_default():
     w = V1.get_variable("w", initializer=np.zeros(3, np.float32))
     loss = tf.zeros([4]) * tf.reduce_sum(w)
-    opt = tf_dpkit.v1.DPGradientDescentGaussianOptimizer(1.0, 1.0, learning_rate=1.0, seed=3)
+    opt = made if made_outside_the_graph else tf_dpkit.v1.DPGradientDescentGaussianOptimizer(
+        1.0, 1.0, learning_rate=1.0, seed=3)
     grads = opt.compute_gradients(loss, var_list=[w])[0][0]
     with V1.Session(graph=graph) as sess:
       sess.run(V1.global_variables_initializer())

@@ -55,10 +55,20 @@ class DPSettings:
             f"num_microbatches=None (one microbatch per example), got {num_microbatches}.")
     self.expected_batch_size = expected_batch_size
     self.noise_key = noise_lib.fresh_key(seed)
+    self._noise_draws, self._noise_draws_graph = None, None
     # Made here, not on first use: a variable created while tf.function traces the train step
     # would make it trace twice.
+    self._noise_draw_counter()
+
+  def _noise_draw_counter(self):
+    """The draw counter of the current outermost context (eager, or a ``tf.compat.v1`` graph:
+    an optimizer made outside the graph it is used in gets a counter in that graph)."""
     with tf.init_scope():
-      self._noise_draws = tf.Variable(0, dtype=tf.int64, trainable=False, name="dp_noise_step")
+      graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+      if self._noise_draws is None or self._noise_draws_graph is not graph:
+        self._noise_draws = tf.Variable(0, dtype=tf.int64, trainable=False, name="dp_noise_step")
+        self._noise_draws_graph = graph
+    return self._noise_draws
 
   def next_noise_draw(self):
     """Increments and returns the count of noise draws (an int64 variable).
@@ -68,7 +78,7 @@ class DPSettings:
     a global variable (``dp_noise_step``) of the graph the optimizer was made in: initialise it
     with the others.
     """
-    return self._noise_draws.assign_add(1)
+    return self._noise_draw_counter().assign_add(1)
 
   @property
   def noise_stddev(self) -> float:
