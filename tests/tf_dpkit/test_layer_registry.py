@@ -70,16 +70,17 @@ def test_rule_matches_per_example_reference(name, make_layer, make_inputs, num_m
 CONV_CASES = [c for c in CASES if c[0].startswith("conv")]
 
 
-@pytest.mark.parametrize("onednn", [False, True])
+@pytest.mark.parametrize("onednn, max_batch", [(False, 768), (True, 768), (True, 2)])
 @pytest.mark.parametrize("num_microbatches", [None, 2])
 @pytest.mark.parametrize("name, make_layer, make_inputs", CONV_CASES,
                          ids=[c[0] for c in CONV_CASES])
 def test_conv_rule_matches_reference_with_and_without_the_onednn_branch(
-    name, make_layer, make_inputs, num_microbatches, onednn, monkeypatch):
-  # The per-example filter-gradient branch is taken only where oneDNN is on; force both ways
-  # so each is tested whatever CPU runs the tests.
+    name, make_layer, make_inputs, num_microbatches, onednn, max_batch, monkeypatch):
+  # The per-example filter-gradient branch is taken only where oneDNN is on and the (static)
+  # batch is small; force each way so all are tested whatever CPU runs the tests.
   from tf_dpkit.clipping import layer_registry
   monkeypatch.setattr(layer_registry, "onednn_enabled", lambda: onednn)
+  monkeypatch.setattr(layer_registry, "_MAX_FILTER_BACKPROP_BATCH", max_batch)
   inputs = make_inputs()
   layer = _built(make_layer(), inputs)
   check_layer_rule(layer, inputs, num_microbatches=num_microbatches)

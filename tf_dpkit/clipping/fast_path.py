@@ -24,7 +24,8 @@ import keras
 import tensorflow as tf
 from keras.src.models import functional as keras_functional
 
-from tf_dpkit.clipping.clipped_sum import ClippedSum, clip_factors, per_example_losses
+from tf_dpkit.clipping.clipped_sum import (ClippedSum, clip_factors, per_example_losses,
+                                           per_example_weights)
 from tf_dpkit.clipping.layer_registry import LayerTrace, group_examples, lookup_rule
 
 
@@ -192,6 +193,7 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
                      "use the vectorized path.")
   x, y, sample_weight = inputs
   batch = tf.shape(tf.nest.flatten(x)[0])[0]
+  sample_weight = per_example_weights(sample_weight, batch)
   groups = batch if num_microbatches is None else num_microbatches
   checks = []
   if num_microbatches is not None:
@@ -237,7 +239,7 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
       y_pred = tf.nest.flatten(y_pred)[0] if isinstance(y_pred, (list, tuple)) else y_pred
       per_example = per_example_losses(per_example_loss_fn(y, y_pred), batch,
                                        mask=getattr(y_pred, "_keras_mask", None))
-      per_example *= tf.cast(tf.reshape(sample_weight, [batch]), per_example.dtype)
+      per_example *= tf.cast(sample_weight, per_example.dtype)
       total = tf.reduce_sum(per_example) / tf.cast(per_group, per_example.dtype)
   _check_records_own_distinct_variables(records)
   watched = [trace.watched for _, trace in records]

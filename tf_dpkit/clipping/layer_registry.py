@@ -290,7 +290,8 @@ def conv_rule(layer, inputs):
 
   def squared_norms(g, num_groups):
     g_seq = _as_sequence(g)
-    if not filter_backprop:
+    batch = _static(x.shape[0])
+    if not filter_backprop or (batch is not None and batch > _MAX_FILTER_BACKPROP_BATCH):
       patches = unfold_patches(x, kernel.shape[:2], strides, dilations, padding)
       return linear.squared_norms(patches, g_seq, num_groups)
 
@@ -303,9 +304,8 @@ def conv_rule(layer, inputs):
       return tf.matmul(group_examples(patches, num_groups), group_examples(g_seq, num_groups),
                        transpose_a=True)
 
-    batch = _static(x.shape[0])
     if batch is not None:
-      grads = via_filter_backprop() if batch <= _MAX_FILTER_BACKPROP_BATCH else via_patches()
+      grads = via_filter_backprop()
     else:  # Poisson batches: the size is known only when the step runs
       grads = tf.cond(tf.shape(x)[0] <= _MAX_FILTER_BACKPROP_BATCH, via_filter_backprop,
                       via_patches)
