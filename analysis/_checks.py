@@ -100,11 +100,19 @@ def check_steps(name: str, value, *, maximum: int = MAX_STEPS, why: str = "") ->
 
 
 def check_finite_positive(name: str, value) -> float:
-  """Returns ``value`` as float; requires it in (0, inf) and finite."""
-  value = check_positive(name, value)
-  if math.isinf(value):
-    raise ValueError(f"{name} must be finite and > 0, got {_describe(value)}.")
-  return value
+  """Returns ``value`` as float; requires a finite number in (0, inf)."""
+  return _check_finite_from(name, value, low_open=True)
+
+
+def _check_finite_from(name: str, value, *, low_open: bool) -> float:
+  interval = "(0, inf)" if low_open else "[0, inf)"
+  try:
+    number = check_real(name, value)
+  except ValueError:
+    number = math.nan
+  if not (math.isfinite(number) and (number > 0.0 if low_open else number >= 0.0)):
+    raise ValueError(f"{name} must be a finite number in {interval}, got {_describe(value)}.")
+  return number
 
 
 def check_same_length(**sequences) -> int:
@@ -159,3 +167,17 @@ def check_choice(name: str, value, choices) -> str:
   if not isinstance(value, str) or value not in choices:
     raise ValueError(f"{name} must be one of {sorted(choices)}, got {_describe(value)}.")
   return value
+
+
+def check_finite_nonnegative(name: str, value) -> float:
+  """Returns ``value`` as float; requires a finite number in [0, inf)."""
+  return _check_finite_from(name, value, low_open=False)
+
+
+def check_integer(name: str, value, *, minimum: int, none_allowed: bool = False) -> int:
+  """Returns ``value`` as int; requires a Python/NumPy integer (not bool) >= ``minimum``."""
+  if (isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer))
+      or value < minimum):
+    also = "None or " if none_allowed else ""
+    raise ValueError(f"{name} must be {also}an integer >= {minimum}, got {_describe(value)}.")
+  return int(value)

@@ -11,27 +11,22 @@
 * ``"vectorized"``: ``tf.vectorized_map`` of the whole model over microbatches (any model);
 * ``"auto"`` (default): ``"fast"`` when the model is a layer graph, else ``"vectorized"``.
 
-Both give the same clipped sum up to float round-off (tested).
+Both give the same clipped sum up to float round-off (tested).  On both, the loss must be per
+example (see ``tf_dpkit.clipping.examples``): one entry per example, computed from that example
+alone; the fast path enforces the latter by evaluating the loss on each example separately.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from tf_dpkit.clipping import clipped_sum_vectorized
-from tf_dpkit.clipping.clipped_sum import per_example_losses, per_example_weights
-from tf_dpkit.clipping.fast_path import clipped_sum_fast, fast_path_available
+from tf_dpkit.clipping import _keras_internals
+from tf_dpkit.clipping.examples import (check_loss_is_per_example, per_example_losses,
+                                        per_example_weights)
+from tf_dpkit.clipping.fast_path import (check_examples_independent, clipped_sum_fast,
+                                         fast_path_available)
+from tf_dpkit.clipping.per_example import clipped_sum_vectorized
 
 METHODS = ("auto", "fast", "vectorized")
-
-
-def _check_no_batch_normalization(model):
-  import keras  # pylint: disable=g-import-not-at-top
-  for layer in model._flatten_layers():  # pylint: disable=protected-access
-    if isinstance(layer, keras.layers.BatchNormalization):
-      raise ValueError(
-          f"Layer {layer.name!r} is BatchNormalization, which mixes examples in a batch and "
-          "breaks per-example privacy. Use keras.layers.GroupNormalization or "
-          "LayerNormalization.")
 
 
 def resolve_method(model, method):
@@ -51,7 +46,8 @@ def resolve_method(model, method):
 def clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_norm_clip,
                           num_microbatches=None, method="auto"):
   """``(ClippedSum, y_pred)`` for a Keras model; see the module docstring for ``method``."""
-  _check_no_batch_normalization(model)
+  check_examples_independent(model)
+  check_loss_is_per_example(per_example_loss_fn)
   batch = tf.shape(tf.nest.flatten(x)[0])[0]
   sample_weight = per_example_weights(sample_weight, batch)
   if resolve_method(model, method) == "fast":
@@ -62,7 +58,8 @@ def clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_no
     x_mb, y_mb, w_mb = inputs
     y_pred = model(x_mb, training=True)
     per_example = per_example_losses(per_example_loss_fn(y_mb, y_pred), tf.shape(w_mb)[0],
-                                     mask=getattr(y_pred, "_keras_mask", None))
+                                     mask=_keras_internals.keras_mask(y_pred),
+                                     prediction_shape=y_pred.shape)
     return per_example * tf.cast(w_mb, per_example.dtype), y_pred
 
   return clipped_sum_vectorized(microbatch_loss, (x, y, sample_weight),
@@ -83,4 +80,4 @@ def private_gradients(optimizer, model, per_example_loss_fn, x, y, sample_weight
   """
   clipped, _ = clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight,
                                      optimizer.l2_norm_clip, optimizer.num_microbatches, method)
-  return optimizer.privatize(clipped.grads, tf.shape(clipped.losses)[0])
+  return optimizer.privatize(clipped)

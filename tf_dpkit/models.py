@@ -107,19 +107,14 @@ class _DPTrainStep:
         self, self._dp_per_example_loss, x, y, sample_weight, optimizer.l2_norm_clip,
         optimizer.num_microbatches, self.per_example_method)
     self._check_no_added_losses()
-    grads = optimizer.privatize(clipped.grads, tf.shape(clipped.losses)[0])
     mean_loss = tf.reduce_mean(clipped.losses)
     with tf.GradientTape() as tape:
       regularization = _weight_regularization(variables)
+    reg_grads = None
     if regularization is not None:
       reg_grads = tape.gradient(regularization, variables)
-      # privatize() multiplied the private gradient by loss_scale_factor (apply divides by
-      # it); the regulariser's gradient must carry the same factor.
-      scale = optimizer.loss_scale_factor
-      grads = optimizer._dp_certificate.issue(  # pylint: disable=protected-access
-          [g if r is None else g + tf.cast(r if scale is None else r * scale, g.dtype)
-           for g, r in zip(grads, reg_grads)])
       mean_loss = mean_loss + regularization
+    grads = optimizer.privatize(clipped, data_independent_grads=reg_grads)
     optimizer.apply(grads, variables)
     batch = tf.shape(tf.nest.flatten(x)[0])[0]
     self._loss_tracker.update_state(mean_loss, sample_weight=batch)

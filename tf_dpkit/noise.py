@@ -12,6 +12,12 @@ their draws ``d`` in a variable, so two private gradients computed at the same s
   only in process memory and is never written into a config or a checkpoint.  Two processes
   never share noise, also when one resumes the other's checkpoint.
 
+The key never becomes a graph constant (:class:`SecretInt`): a traced step reads it from a
+variable that no checkpoint tracks (TF2), or a ``tf.compat.v1`` graph fetches it from Python
+with a ``py_func`` when it runs.  So graph exports (``.meta`` files, ``tf.summary.trace_export``,
+SavedModels) and checkpoints hold no key, and the noise of a step cannot be recomputed from
+them.  The same holds for the data pipelines' sampling seeds.
+
 Noise is created inside ``tf.device(variable.device)`` so it is drawn on the device that holds
 the model (GPU when the model is there), next to the gradient it is added to.
 
@@ -32,27 +38,88 @@ import tensorflow as tf
 _MAX_KEY = 2**62
 
 
-def fresh_key(seed: int | None = None) -> int:
+def fresh_key(seed: int | None = None) -> SecretInt:
   """Returns the noise key: ``seed`` when given, else 62 bits from the OS entropy source.
 
   Args:
     seed: optional integer in [0, 2**62); ``None`` draws a secret key with ``secrets``.
   """
   if seed is None:
-    return secrets.randbelow(_MAX_KEY)
+    return SecretInt(secrets.randbelow(_MAX_KEY)).prepare()
   if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < _MAX_KEY:
     raise ValueError(f"seed must be None or an integer in [0, 2**62), got {seed!r}.")
-  return seed
+  return SecretInt(seed).prepare()
 
 
-def add_gaussian_noise(tensors, stddev, key: int, step, draw=0):
+class SecretInt:
+  """An int64 secret (noise key, sampling seed) that graphs read without embedding it.
+
+  ``tensor()`` returns a scalar int64 tensor equal to the secret:
+
+  * in eager code, ``tf.function`` and ``tf.data`` functions: the value of a variable created
+    eagerly on first use and held only by this object, which no ``tf.train.Checkpoint``, Keras
+    file or SavedModel tracks (a traced function captures its handle, not its value; exporting
+    such a function raises TensorFlow's "untracked resource" error instead of writing the key);
+  * in a ``tf.compat.v1`` graph: a ``py_func`` that returns the value when the graph runs (the
+    graph holds only a reference to a Python callable of this process).
+
+  Never ``repr`` the value; ``int(secret)`` gives it back for host-side code.
+  """
+
+  __slots__ = ("_value", "_variable")
+
+  def __init__(self, value: int):
+    self._value = int(value)
+    self._variable = None
+
+  def __int__(self):
+    return self._value
+
+  def __eq__(self, other):
+    return isinstance(other, SecretInt) and other._value == self._value
+
+  def __hash__(self):
+    return hash(self._value)
+
+  def __repr__(self):
+    return "SecretInt(<hidden>)"
+
+  def prepare(self) -> SecretInt:
+    """Creates the variable now when the outermost context is eager (a variable first made
+    while ``tf.function`` traces would make it trace twice); returns ``self``."""
+    with tf.init_scope():
+      if tf.executing_eagerly() and self._variable is None:
+        self._variable = tf.Variable(self._value, dtype=tf.int64, trainable=False,
+                                     name="dp_secret")
+    return self
+
+  def tensor(self) -> tf.Tensor:
+    """The secret as a scalar int64 tensor that embeds no constant (see the class docstring)."""
+    with tf.init_scope():
+      eager = tf.executing_eagerly()
+    if eager:
+      self.prepare()
+      return self._variable.read_value()
+    value = np.int64(self._value)
+    fetched = tf.compat.v1.py_func(lambda: value, [], tf.int64, stateful=True, name="dp_secret")
+    fetched.set_shape([])
+    return fetched
+
+
+def as_secret(key) -> SecretInt:
+  """``key`` (an int or :class:`SecretInt`) as a :class:`SecretInt`."""
+  return key if isinstance(key, SecretInt) else SecretInt(key)
+
+
+def add_gaussian_noise(tensors, stddev, key, step, draw=0):
   """Returns ``[t + N(0, stddev^2 I) for t in tensors]`` with noise keyed by ``(key, step, draw)``.
 
   Args:
     tensors: list of float tensors (the clipped gradient sums); ``None`` entries stay ``None``.
     stddev: scalar noise standard deviation, ``noise_multiplier * l2_norm_clip`` (same units as
       the gradients).  ``0`` returns the inputs unchanged (no random op is traced).
-    key: integer noise key from :func:`fresh_key`.
+    key: the noise key from :func:`fresh_key`, an int or a :class:`SecretInt`; it enters the
+      graph only through :meth:`SecretInt.tensor`.
     step: integer scalar (Python int or tensor), e.g. the optimizer's ``iterations``.
     draw: integer scalar (Python int or tensor) telling apart several draws at one ``step``;
       equal ``(key, step, draw)`` give equal noise, any difference gives independent noise.
@@ -60,7 +127,7 @@ def add_gaussian_noise(tensors, stddev, key: int, step, draw=0):
   if isinstance(stddev, (int, float)) and stddev == 0:
     return list(tensors)
   base_seed = tf.random.experimental.stateless_fold_in(
-      tf.stack([tf.constant(key, tf.int64), tf.cast(step, tf.int64)]), tf.cast(draw, tf.int64))
+      tf.stack([as_secret(key).tensor(), tf.cast(step, tf.int64)]), tf.cast(draw, tf.int64))
   noised = []
   for index, tensor in enumerate(tensors):
     if tensor is None:

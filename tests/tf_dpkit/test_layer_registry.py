@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from tf_dpkit.clipping import (clipped_sum_fast, clipped_sum_vectorized, fast_path_available,
                                register_layer_rule)
-from tf_dpkit.clipping.layer_registry import LayerTrace, lookup_rule
+from tf_dpkit.clipping.rules import LayerTrace, lookup_rule
 from tf_dpkit.clipping.testing import check_layer_rule
 
 RNG = np.random.default_rng(3)
@@ -78,7 +78,7 @@ def test_conv_rule_matches_reference_with_and_without_the_onednn_branch(
     name, make_layer, make_inputs, num_microbatches, onednn, max_batch, monkeypatch):
   # The per-example filter-gradient branch is taken only where oneDNN is on and the (static)
   # batch is small; force each way so all are tested whatever CPU runs the tests.
-  from tf_dpkit.clipping import layer_registry
+  from tf_dpkit.clipping.rules import conv as layer_registry
   monkeypatch.setattr(layer_registry, "onednn_enabled", lambda: onednn)
   monkeypatch.setattr(layer_registry, "_MAX_FILTER_BACKPROP_BATCH", max_batch)
   inputs = make_inputs()
@@ -91,7 +91,7 @@ def test_conv_rule_matches_reference_with_and_without_the_onednn_branch(
     ((3, 9, 9, 1), (8, 8), (2, 2)), ((2, 7, 10, 3), (3, 2), (3, 3)), ((4, 5, 6, 2), (1, 1), (1, 1))])
 def test_per_example_conv_kernel_grads_match_a_per_example_loop(shape, kernel_hw, strides,
                                                                   padding):
-  from tf_dpkit.clipping.layer_registry import per_example_conv_kernel_grads
+  from tf_dpkit.clipping.rules.conv import per_example_conv_kernel_grads
   x = _x(*shape)
   kernel = tf.Variable(_x(*kernel_hw, shape[-1], 4))
   out = tf.nn.conv2d(x, kernel, strides=[1, *strides, 1], padding=padding)
@@ -105,7 +105,7 @@ def test_per_example_conv_kernel_grads_match_a_per_example_loop(shape, kernel_hw
 
 
 def test_per_example_conv_kernel_grads_refuses_unequal_strides():
-  from tf_dpkit.clipping.layer_registry import per_example_conv_kernel_grads
+  from tf_dpkit.clipping.rules.conv import per_example_conv_kernel_grads
   with pytest.raises(ValueError, match=r"needs equal strides, got \[1, 2\]"):
     per_example_conv_kernel_grads(_x(2, 5, 5, 1), _x(2, 5, 3, 2), (1, 1), [1, 2], "SAME")
 
@@ -115,7 +115,7 @@ def test_check_layer_rule_catches_a_wrong_rule():
     pass
 
   def wrong_rule(layer, inputs):
-    from tf_dpkit.clipping.layer_registry import dense_rule
+    from tf_dpkit.clipping.rules.dense import dense_rule
     trace = dense_rule(layer, inputs)
     return LayerTrace(trace.outputs, trace.watched, lambda g, m: 2.0 * trace.squared_norms(g, m))
   register_layer_rule(Scaled, wrong_rule)
@@ -169,7 +169,7 @@ def test_first_conv_onednn_branches_under_a_dynamic_batch(max_batch, num_microba
   # With oneDNN the first (1-channel) conv picks its per-example method by batch size, with a
   # tf.cond when the batch dimension is unknown (Poisson batches): both branches must agree
   # with the vectorized reference.
-  from tf_dpkit.clipping import layer_registry
+  from tf_dpkit.clipping.rules import conv as layer_registry
   monkeypatch.setattr(layer_registry, "onednn_enabled", lambda: True)
   monkeypatch.setattr(layer_registry, "_MAX_FILTER_BACKPROP_BATCH", max_batch)
   model = keras.Sequential([

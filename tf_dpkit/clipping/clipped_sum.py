@@ -10,67 +10,46 @@ calibrated to.  Norms are taken over all variables together (global clipping).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import tensorflow as tf
 
 
-class ClippedSum(NamedTuple):
-  """Result of the per-microbatch step.
+_ISSUED = object()
 
-  Attributes:
-    grads: list, one tensor per variable, ``sum_j clip(g_j)`` (not yet noised or averaged).
+
+class ClippedSum:
+  """A clipped sum of per-microbatch gradients, made only by tf_dpkit's clipping paths.
+
+  Attributes (read-only):
+    grads: tuple, one tensor per variable, ``sum_j clip(g_j)`` (not yet noised or averaged).
     norms: float tensor [M], the pre-clipping L2 norm of each microbatch gradient.
     losses: float tensor [M], each microbatch's mean loss (for logging).
+
+  A DP optimizer's ``privatize`` accepts only a ``ClippedSum``, so raw gradients cannot be
+  certified private; the constructor is not public (it refuses callers outside the clipping
+  package).
   """
-  grads: list
-  norms: tf.Tensor
-  losses: tf.Tensor
+
+  __slots__ = ("_grads", "_norms", "_losses")
+
+  def __init__(self, grads, norms, losses, *, _token=None):
+    if _token is not _ISSUED:
+      raise TypeError(
+          "ClippedSum is made only by tf_dpkit's clipping functions (private_gradients, "
+          "clipped_sum_fast, clipped_sum_vectorized, clipped_sum_from_vector_loss), so that "
+          "only clipped gradients can be noised and certified private.")
+    self._grads, self._norms, self._losses = tuple(grads), norms, losses
+
+  grads = property(lambda self: self._grads)
+  norms = property(lambda self: self._norms)
+  losses = property(lambda self: self._losses)
+
+  def __iter__(self):
+    return iter((list(self._grads), self._norms, self._losses))
 
 
-def per_example_losses(values, batch, mask=None,
-                       name="the per-example loss function") -> tf.Tensor:
-  """Returns ``values`` ([B] or [B, ...]) as [B] per-example losses (mean over trailing axes).
-
-  With a ``mask`` (a Keras output mask, [B, T] or matching ``values``'s leading axes) and
-  ``values`` of rank >= 2, each example's loss is the mean over its unmasked positions,
-  ``sum_t m_t v_t / max(1, sum_t m_t)``; an example with no unmasked position gets 0.  Raises
-  ``ValueError`` for a scalar, which has already summed examples together: clipping needs one
-  loss per example.
-  """
-  values = tf.convert_to_tensor(values)
-  if values.shape.rank == 0:
-    raise ValueError(
-        f"{name} returned a scalar; DP-SGD needs one loss per example (shape [batch] or "
-        "[batch, ...]). Use an unreduced loss, e.g. a keras.losses function or a Loss with "
-        "reduction=None.")
-  if mask is not None and values.shape.rank is not None and values.shape.rank >= 2:
-    mask = tf.cast(mask, values.dtype)
-    while mask.shape.rank < values.shape.rank:
-      mask = mask[..., None]
-    mask = tf.broadcast_to(mask, tf.shape(values))
-    masked_sum = tf.reduce_sum(tf.reshape(values * mask, [batch, -1]), axis=1)
-    count = tf.reduce_sum(tf.reshape(mask, [batch, -1]), axis=1)
-    return masked_sum / tf.maximum(count, 1.0)
-  return tf.reduce_mean(tf.reshape(values, [batch, -1]), axis=1)
-
-
-def per_example_weights(sample_weight, batch) -> tf.Tensor:
-  """Returns ``sample_weight`` ([B] or [B, 1]) as [B]; ones when it is ``None``.
-
-  Raises ``ValueError`` for any other static shape (e.g. per-timestep weights [B, T]): each
-  example must enter the clipped sum with one scalar weight.
-  """
-  if sample_weight is None:
-    return tf.ones([batch], tf.float32)
-  sample_weight = tf.convert_to_tensor(sample_weight)
-  shape = sample_weight.shape
-  if shape.rank is not None and (shape.rank == 0 or any(
-      d is not None and d != 1 for d in shape.as_list()[1:])):
-    raise ValueError(
-        f"sample_weight must have shape [batch] or [batch, 1] (one weight per example), got "
-        f"{shape}.")
-  return tf.reshape(sample_weight, [batch])
+def issue_clipped_sum(grads, norms, losses) -> ClippedSum:
+  """Wraps the output of a clipping path (inside the clipping package only)."""
+  return ClippedSum(grads, norms, losses, _token=_ISSUED)
 
 
 def global_norms(per_microbatch_grads) -> tf.Tensor:

@@ -1,51 +1,54 @@
 """Fast clipped sums for Keras functional and Sequential models (ghost clipping / book-keeping).
 
 One forward pass runs the model's layer graph with each trainable layer executed by its rule
-(``layer_registry``), recording the tensor ``z`` each layer's weights act on directly.  Then
+(``rules``), recording the tensor ``z`` each layer's weights act on directly.  Then
 
-1. one backward pass of ``sum_i w_i L_i / k`` gives every example's ``g = dL_i/dz`` at once;
-2. each layer turns ``(inputs, g)`` into per-microbatch squared gradient norms (without forming
-   per-example gradients where the Gram form is cheaper), which add up over layers to the
-   squared norm of each microbatch's whole gradient;
-3. clip factors ``c_j = min(1, C / norm_j)`` re-weight ``g``, and one vector-Jacobian product per
-   layer, ``dz/dW^T (c * g)``, gives that layer's share of ``sum_j clip(grad_j)`` directly (no
-   second backward pass through the network).
+1. one backward pass of ``sum_i w_i L_i / k`` gives every example's ``g_i = dL_i/dz`` at once,
+   where each ``L_i`` is the loss evaluated on example ``i`` alone (``examples``);
+2. each layer turns ``(inputs, g)`` into per-microbatch squared gradient norms, which add up
+   over layers to the squared norm of each microbatch's whole gradient;
+3. clip factors ``c_j = min(1, C / norm_j)`` re-weight ``g``, and each layer forms its share of
+   ``sum_j c_j grad_j`` as a linear function of the same ``g`` its norms came from (one
+   vector-Jacobian product, or the per-microbatch gradients the norms were formed from).
 
-Layers with trainable weights but no rule are run with their rule-covered sublayers executed by
-the rules when sublayers own all their weights (e.g. ``MultiHeadAttention``), and otherwise fall
-back to a layer-local ``tf.vectorized_map`` over examples (exact for layers that treat examples
-independently).  Models whose call logic is not
-a Keras layer graph (subclassed models) are not handled here: :func:`fast_path_available` says
-so and ``DPModel`` then uses the whole-model ``tf.vectorized_map`` path.
+Contract (what makes the bound ``||S(D) - S(D - x)|| <= C`` hold):
+
+* layers treat examples independently (no batch statistics; BatchNormalization is refused);
+* a trainable layer WITH a rule for its exact class is run by the rule; a trainable layer
+  without one is called as Keras calls it, its ``call`` arguments (inputs, ``training``, masks,
+  other arguments) are recorded, and that exact call is replayed on each example alone to get
+  its per-example weight gradients, which give both its norms and its clipped sum.  Composite
+  layers whose sublayers all have rules (``MultiHeadAttention``) run those sublayers by rule;
+* a variable belongs to one layer call (shared layers and tied weights are refused: their
+  per-example gradient is a sum over uses whose norm per-use rules cannot give).
+
+Under a mixed-precision policy rules run in the variables' dtype (float32) and cast their
+outputs to the compute dtype, so norms and clipped sums are formed at full precision.
+Subclassed models are not handled here: :func:`fast_path_available` says so and ``DPModel``
+uses the whole-model vectorized path.
 """
 from __future__ import annotations
 
 import keras
 import tensorflow as tf
-from keras.src.models import functional as keras_functional
 
-from tf_dpkit.clipping.clipped_sum import (ClippedSum, clip_factors, per_example_losses,
-                                           per_example_weights)
-from tf_dpkit.clipping.layer_registry import LayerTrace, group_examples, lookup_rule
+from tf_dpkit.clipping import _keras_internals as internals
+from tf_dpkit.clipping.clipped_sum import clip_factors, issue_clipped_sum
+from tf_dpkit.clipping.examples import (isolated_per_example_losses, map_examples,
+                                        per_example_weights)
+from tf_dpkit.clipping.per_example import assert_nonempty
+from tf_dpkit.clipping.rules import LayerTrace, group_examples, lookup_rule
 
-
-def layer_graph(model):
-  """Returns the Keras functional graph that runs ``model``, or None if it has none."""
-  if isinstance(model, keras.Sequential):
-    return getattr(model, "_functional", None)
-  if isinstance(model, keras_functional.Functional):
-    return model
-  return None
+layer_graph = internals.layer_graph
 
 
 def _shared_trainable_layers(graph):
   """Names of trainable layers called more than once in the graph (weights shared across uses)."""
   calls = {}
-  for nodes in graph._nodes_by_depth.values():  # pylint: disable=protected-access
-    for node in nodes:
-      op = node.operation
-      if op is not None and not node.is_input and getattr(op, "trainable_weights", None):
-        calls[id(op)] = (op.name, calls.get(id(op), (None, 0))[1] + 1)
+  for node in internals.graph_nodes(graph):
+    op = node.operation
+    if op is not None and not node.is_input and getattr(op, "trainable_weights", None):
+      calls[id(op)] = (op.name, calls.get(id(op), (None, 0))[1] + 1)
   return [name for name, count in calls.values() if count > 1]
 
 
@@ -74,83 +77,139 @@ def fast_path_available(model) -> bool:
   """True when ``model`` is a Keras layer graph the fast path can walk exactly.
 
   False for subclassed models, for graphs that call one trainable layer more than once, and for
-  graphs in which two layers share a trainable variable (tied weights): a per-example gradient
-  is then a sum over uses, whose norm the per-use rules cannot give (adding their squared norms
-  would under-estimate it and under-clip).
+  graphs in which two layers share a trainable variable (tied weights).
   """
   graph = layer_graph(model)
   return (graph is not None and not _shared_trainable_layers(graph)
           and not _variables_of_several_layers(graph))
 
 
-def _layer_local_trace(layer, args, kwargs, outputs):
-  """Fallback rule: per-example gradients of this layer alone, by ``tf.vectorized_map``.
+def check_examples_independent(model):
+  """Raises ``ValueError`` for layers known to mix the examples of a batch."""
+  for layer in internals.sublayers(model, include_self=True):
+    if isinstance(layer, keras.layers.BatchNormalization):
+      raise ValueError(
+          f"Layer {layer.name!r} is BatchNormalization, which mixes examples in a batch and "
+          "breaks per-example privacy. Use keras.layers.GroupNormalization or "
+          "LayerNormalization.")
 
-  Exact for layers that treat examples independently; ``args`` are the layer's tensor inputs
-  (each with the batch dimension), ``kwargs`` its non-tensor call arguments.
+
+def _run_rule(rule, layer, inputs):
+  """``rule(layer, inputs)`` in the variables' dtype; outputs in the layer's compute dtype."""
+  if layer.compute_dtype == layer.variable_dtype:
+    return rule(layer, inputs)
+  mask = internals.keras_mask(inputs)
+  if inputs.dtype.is_floating:
+    inputs = tf.cast(inputs, layer.variable_dtype)
+    if mask is not None:
+      internals.set_keras_mask(inputs, mask)
+  with internals.no_autocast():
+    trace = rule(layer, inputs)
+  if trace is None:
+    return None
+  outputs = trace.outputs
+  if outputs.dtype.is_floating:
+    out_mask = internals.keras_mask(outputs)
+    outputs = tf.cast(outputs, layer.compute_dtype)
+    if out_mask is not None:
+      internals.set_keras_mask(outputs, out_mask)
+  return trace._replace(outputs=outputs)
+
+
+def _replayed_trace(layer, call, call_args, call_kwargs, outputs, batch):
+  """Per-example gradients of ``layer`` from its exact ``call`` replayed on each example alone.
+
+  ``call_args`` / ``call_kwargs`` are what Keras passed to ``call`` in the forward pass; every
+  tensor of rank >= 1 in them must have the batch as its leading axis (checked when the step
+  runs) and is sliced per example, everything else is passed as it was.  The per-example
+  gradients give the layer's squared norms and, with the clip factors, its clipped sum.
   """
-  if not isinstance(outputs, tf.Tensor) or not all(isinstance(a, tf.Tensor) for a in args):
+  watched = [t for t in tf.nest.flatten(outputs)
+             if isinstance(t, tf.Tensor) and t.dtype.is_floating]
+  if not watched:
     raise NotImplementedError(
-        f"Layer {layer.name!r} ({type(layer).__name__}) has no fast-path rule and does not map "
-        "batched tensors to one batched tensor; use per_example_method='vectorized'.")
+        f"Layer {layer.name!r} ({type(layer).__name__}) has no fast-path rule and no float "
+        "output to differentiate; use per_example_method='vectorized'.")
+  flat_call = tf.nest.flatten((call_args, call_kwargs))
+  batched = [i for i, t in enumerate(flat_call)
+             if isinstance(t, tf.Tensor) and t.shape.rank is not None and t.shape.rank >= 1]
+  checks = [tf.debugging.assert_equal(
+      tf.shape(flat_call[i])[0], batch,
+      message=f"Layer {layer.name!r}: a call argument does not have the batch as its leading "
+      "axis, so the layer cannot be replayed per example") for i in batched]
   variables = layer.trainable_variables
+  cache = {}
+
+  def per_example(example):
+    one_inputs, one_g = example
+    flat = list(flat_call)
+    for i, t in zip(batched, one_inputs):
+      flat[i] = t[None]
+    args, kwargs = tf.nest.pack_sequence_as((call_args, call_kwargs), flat)
+    with tf.GradientTape() as tape:
+      with internals.autocast_scope(layer):
+        out = call(*args, **kwargs)
+    out = [t for t in tf.nest.flatten(out) if isinstance(t, tf.Tensor) and t.dtype.is_floating]
+    grads = tape.gradient(out, variables, output_gradients=[g[None] for g in one_g],
+                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return [tf.cast(grad, tf.float32) for grad in grads]
 
   def squared_norms(g, num_groups):
-    def per_example(example):
-      *xs, g_i = example
-      with tf.GradientTape() as tape:
-        out = layer(*[x[None] for x in xs], **kwargs)
-      return tape.gradient(out, variables, output_gradients=g_i[None],
-                           unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    grads = tf.vectorized_map(per_example, (*args, g))
-    total = 0.0
-    for grad in grads:
-      grouped = tf.reduce_sum(group_examples(grad[:, None], num_groups), axis=1)
-      total += tf.reduce_sum(tf.reshape(tf.square(grouped), [num_groups, -1]), axis=1)
-    return total
-  return LayerTrace(outputs, outputs, squared_norms)
+    with tf.control_dependencies(checks):
+      grads = map_examples(per_example, ([flat_call[i] for i in batched], list(g)))
+    cache["grouped"] = [tf.reduce_sum(group_examples(grad[:, None], num_groups), axis=1)
+                        for grad in grads]
+    return tf.add_n([tf.reduce_sum(tf.reshape(tf.square(grad), [num_groups, -1]), axis=1)
+                     for grad in cache["grouped"]])
+
+  def clipped_sum(factors):
+    return [tf.tensordot(tf.cast(factors, grad.dtype), grad, axes=1) for grad in cache["grouped"]]
+  return LayerTrace(outputs, watched, squared_norms, clipped_sum)
 
 
 def _rule_covered_sublayers(layer):
   """Sublayers with rules that together own all of ``layer``'s trainable variables, or None.
 
   Composite layers such as ``MultiHeadAttention`` (four ``EinsumDense`` sublayers) are then run
-  as they are, with those sublayers executed by their rules (their ``call`` is swapped for the
-  duration of the call), instead of a layer-local ``vectorized_map``.
+  as they are, with those sublayers executed by their rules.
   """
-  covered, sublayers = set(), []
-  for sub in layer._flatten_layers(include_self=False):  # pylint: disable=protected-access
+  covered, subs = set(), []
+  for sub in internals.sublayers(layer):
     if sub.trainable_variables and lookup_rule(sub) is not None and not any(
-        s.trainable_variables for s in sub._flatten_layers(include_self=False)):  # pylint: disable=protected-access
-      sublayers.append(sub)
+        s.trainable_variables for s in internals.sublayers(sub)):
+      subs.append(sub)
       covered.update(id(v) for v in sub.trainable_variables)
-  if sublayers and covered == {id(v) for v in layer.trainable_variables}:
-    return sublayers
+  if subs and covered == {id(v) for v in layer.trainable_variables}:
+    return subs
   return None
 
 
-def _call_with_rules(layer, sublayers, default_call, args, kwargs, records):
-  """Calls ``layer`` with each of ``sublayers`` executed (and recorded) by its rule."""
+def _call_with_rules(layer, subs, default_call, args, kwargs, records):
+  """Calls ``layer`` with each of ``subs`` executed (and recorded) by its rule, or returns
+  None (nothing recorded) when a rule declines."""
   start = len(records)
+  declined = []
 
-  def patched(sub):
+  def by_rule(sub):
     rule = lookup_rule(sub)
 
     def call(inputs, *unused_args, **unused_kwargs):
-      trace = rule(sub, inputs)
+      trace = _run_rule(rule, sub, inputs)
       if trace is None:
+        declined.append(sub.name)
         raise NotImplementedError(f"The rule for {sub.name!r} declined its configuration.")
       records.append((sub, trace))
       return trace.outputs
     return call
 
-  for sub in sublayers:
-    object.__setattr__(sub, "call", patched(sub))
   try:
-    outputs = default_call(*args, **kwargs)
-  finally:
-    for sub in sublayers:
-      object.__delattr__(sub, "call")
+    with internals.calls_replaced([(sub, by_rule(sub)) for sub in subs]):
+      outputs = default_call(*args, **kwargs)
+  except NotImplementedError:
+    if not declined:
+      raise
+    del records[start:]
+    return None
   called = [id(sub) for sub, _ in records[start:]]
   if len(called) != len(set(called)):
     raise NotImplementedError(
@@ -158,21 +217,15 @@ def _call_with_rules(layer, sublayers, default_call, args, kwargs, records):
   return outputs
 
 
-def _check_examples_independent(layer):
-  if isinstance(layer, keras.layers.BatchNormalization):
-    raise ValueError(
-        f"Layer {layer.name!r} is BatchNormalization, which mixes examples in a batch and breaks "
-        "per-example privacy. Use keras.layers.GroupNormalization or LayerNormalization.")
-
-
 def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_microbatches=None):
   """Clipped sum of per-microbatch gradients of a functional/Sequential Keras model.
 
   Args:
     model: a built Keras functional or Sequential model (see :func:`fast_path_available`).
-    per_example_loss_fn: ``f(y_true, y_pred) -> [B]`` (or [B, ...], averaged per example).
-    inputs: ``(x, y, sample_weight)`` with batch dimension B; ``sample_weight`` ([B] or [B, 1])
-      multiplies each example's loss.
+    per_example_loss_fn: ``f(y_true, y_pred) -> [b]`` (or [b, ...], averaged per example); it
+      is applied to each example alone.
+    inputs: ``(x, y, sample_weight)`` with batch dimension B >= 1; ``sample_weight`` ([B] or
+      [B, 1]) multiplies each example's loss.
     l2_norm_clip: clip norm C > 0.
     num_microbatches: None (per example) or M dividing B.
 
@@ -191,60 +244,63 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
   if tied:
     raise ValueError(f"The fast path cannot handle variables shared by several layers: {tied}; "
                      "use the vectorized path.")
+  check_examples_independent(model)
   x, y, sample_weight = inputs
   batch = tf.shape(tf.nest.flatten(x)[0])[0]
   sample_weight = per_example_weights(sample_weight, batch)
   groups = batch if num_microbatches is None else num_microbatches
-  checks = []
+  checks = [assert_nonempty(batch)]
   if num_microbatches is not None:
     checks.append(tf.debugging.assert_equal(
         batch % num_microbatches, 0,
         message=f"num_microbatches={num_microbatches} must divide the batch size. For the last, "
         "smaller batch use `drop_remainder=True` in the input pipeline, or "
         "`num_microbatches=None` (one microbatch per example)."))
-  if checks:
-    # Route every input through the check, so that no op (e.g. a rule reshaping the raw input
-    # into microbatches) can fail with a less helpful error before the check has run.
-    with tf.control_dependencies(checks):
-      x, y, sample_weight = tf.nest.map_structure(tf.identity, (x, y, sample_weight))
+  # Route every input through the checks, so that no op (e.g. a rule reshaping the raw input
+  # into microbatches) can fail with a less helpful error before they have run.
+  with tf.control_dependencies(checks):
+    x, y, sample_weight = tf.nest.map_structure(tf.identity, (x, y, sample_weight))
   per_group = tf.cast(batch // groups, tf.float32)
   records = []
 
   def operation_fn(layer):
-    default = keras_functional.operation_fn(layer, training=True)
+    default = internals.training_call(layer)
 
     def call(*args, **kwargs):
-      _check_examples_independent(layer)
       if not getattr(layer, "trainable_weights", None):
         return default(*args, **kwargs)
-      trace = None
       rule = lookup_rule(layer)
       if rule is not None and len(args) == 1 and not kwargs:
-        trace = rule(layer, args[0])
-      if trace is None:
-        sublayers = _rule_covered_sublayers(layer)
-        if sublayers is not None:
-          return _call_with_rules(layer, sublayers, default, args, kwargs, records)
+        trace = _run_rule(rule, layer, args[0])
+        if trace is not None:
+          records.append((layer, trace))
+          return trace.outputs
+      subs = _rule_covered_sublayers(layer)
+      if subs is not None:
+        outputs = _call_with_rules(layer, subs, default, args, kwargs, records)
+        if outputs is not None:
+          return outputs
+      with internals.recording_call(layer) as (calls, original_call):
         outputs = default(*args, **kwargs)
-        call_kwargs = {k: v for k, v in kwargs.items() if not isinstance(v, tf.Tensor)}
-        trace = _layer_local_trace(layer, args, call_kwargs, outputs)
-      records.append((layer, trace))
-      return trace.outputs
+      if len(calls) != 1:
+        raise NotImplementedError(
+            f"Layer {layer.name!r} ran its call {len(calls)} times for one use; use "
+            "per_example_method='vectorized'.")
+      records.append((layer, _replayed_trace(layer, original_call, *calls[0], outputs, batch)))
+      return outputs
     return call
 
-  with tf.control_dependencies(checks):
-    with tf.GradientTape(persistent=True) as tape:
-      x_std = graph._standardize_inputs(x)  # pylint: disable=protected-access
-      y_pred = graph._run_through_graph(x_std, operation_fn=operation_fn)  # pylint: disable=protected-access
-      y_pred = tf.nest.flatten(y_pred)[0] if isinstance(y_pred, (list, tuple)) else y_pred
-      per_example = per_example_losses(per_example_loss_fn(y, y_pred), batch,
-                                       mask=getattr(y_pred, "_keras_mask", None))
-      per_example *= tf.cast(sample_weight, per_example.dtype)
-      total = tf.reduce_sum(per_example) / tf.cast(per_group, per_example.dtype)
+  with tf.GradientTape(persistent=True) as tape:
+    y_pred = internals.run_graph(graph, x, operation_fn)
+    y_pred = tf.nest.flatten(y_pred)[0] if isinstance(y_pred, (list, tuple)) else y_pred
+    per_example = isolated_per_example_losses(per_example_loss_fn, y, y_pred, batch,
+                                              mask=internals.keras_mask(y_pred))
+    per_example *= tf.cast(sample_weight, per_example.dtype)
+    total = tf.reduce_sum(per_example) / tf.cast(per_group, per_example.dtype)
   _check_records_own_distinct_variables(records)
-  watched = [trace.watched for _, trace in records]
-  output_grads = tape.gradient(total, watched, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-  squared = tf.add_n([trace.squared_norms(g, groups)
+  output_grads = tape.gradient(total, [trace.watched for _, trace in records],
+                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
+  squared = tf.add_n([tf.cast(trace.squared_norms(g, groups), tf.float32)
                       for (_, trace), g in zip(records, output_grads)])
   norms = tf.sqrt(tf.maximum(squared, 0.0))
   factors = clip_factors(norms, l2_norm_clip)
@@ -262,10 +318,10 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
       layer_sums = tape.gradient(trace.watched, layer_vars, output_gradients=weighted,
                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
     for v, grad in zip(layer_vars, layer_sums):
-      grad = tf.convert_to_tensor(grad)
+      grad = tf.cast(tf.convert_to_tensor(grad), v.dtype)
       i = index[id(v)]
       sums[i] = grad if sums[i] is None else sums[i] + grad
   del tape
   sums = [tf.zeros_like(v) if s is None else s for v, s in zip(variables, sums)]
   losses = tf.reduce_sum(tf.reshape(per_example, [groups, -1]), axis=1) / per_group
-  return ClippedSum(sums, norms, losses), y_pred
+  return issue_clipped_sum(sums, norms, losses), y_pred

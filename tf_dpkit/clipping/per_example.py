@@ -6,7 +6,8 @@
   ``num_microbatches x batch``: fine for few microbatches, slow for per-example clipping of
   big batches.  That is inherent to the "vector loss + tape" interface.
 * :func:`clipped_sum_vectorized` -- the model interface: a loss *function* of a microbatch is
-  mapped over microbatches with ``tf.vectorized_map``, so each example's backward pass only
+  mapped over microbatches with ``tf.vectorized_map`` (``tf.map_fn`` where ``pfor`` cannot
+  vectorise the model, e.g. masked recurrent layers), so each example's backward pass only
   sees its own microbatch (cost about linear in the batch).  ``DPModel`` uses it.
 
 Microbatch ``j`` of a batch of ``B`` examples split into ``M`` microbatches holds examples
@@ -16,7 +17,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tf_dpkit.clipping.clipped_sum import ClippedSum, clip_and_sum
+from tf_dpkit.clipping.clipped_sum import clip_and_sum, issue_clipped_sum
+from tf_dpkit.clipping.examples import map_examples
 
 
 def _static_batch_size(tensor):
@@ -38,12 +40,21 @@ def _check_divisible(batch_size_tensor, num_microbatches, static_batch):
       message=message.format(m=num_microbatches, b=""))]
 
 
+def assert_nonempty(batch_size):
+  """A run-time assertion that the batch (a scalar size tensor) is not empty."""
+  return tf.debugging.assert_positive(
+      batch_size, message="The batch is empty: DP-SGD needs at least one example per step "
+      "(tf_dpkit.data.poisson_batches never yields an empty batch; drop empty batches from "
+      "other pipelines).")
+
+
 def split_into_microbatches(vector_loss, num_microbatches=None):
   """Returns the [M] microbatch mean losses of a per-example loss vector of length B.
 
   Args:
-    vector_loss: float tensor [B] (one entry per example).  A scalar loss is rejected: it has
-      already averaged examples together, so their individual influence cannot be bounded.
+    vector_loss: float tensor [B] (one entry per example, B >= 1).  A scalar loss is rejected:
+      it has already averaged examples together, so their individual influence cannot be
+      bounded; so is a loss of rank > 1, whose batch axis would be ambiguous.
     num_microbatches: ``None`` (M = B, one example per microbatch) or an int M dividing B.
   """
   vector_loss = tf.convert_to_tensor(vector_loss)
@@ -54,12 +65,17 @@ def split_into_microbatches(vector_loss, num_microbatches=None):
         "`keras.losses.SparseCategoricalCrossentropy(reduction=None)` or "
         "`tf.nn.sparse_softmax_cross_entropy_with_logits`).")
   if vector_loss.shape.rank is not None and vector_loss.shape.rank > 1:
-    vector_loss = tf.reduce_mean(
-        tf.reshape(vector_loss, [tf.shape(vector_loss)[0], -1]), axis=1)
+    raise ValueError(
+        f"DP optimizers need a vector loss of shape [batch] (one entry per example), got shape "
+        f"{vector_loss.shape}: with more axes the batch axis is ambiguous (a [1, batch] loss "
+        "would be read as one example). Reduce the other axes per example first, e.g. "
+        "`tf.reduce_mean(loss, axis=list(range(1, loss.shape.rank)))` for [batch, time].")
+  checks = [assert_nonempty(tf.shape(vector_loss)[0])]
   if num_microbatches is None:
-    return vector_loss
-  checks = _check_divisible(tf.shape(vector_loss)[0], num_microbatches,
-                            _static_batch_size(vector_loss))
+    with tf.control_dependencies(checks):
+      return tf.identity(vector_loss)
+  checks += _check_divisible(tf.shape(vector_loss)[0], num_microbatches,
+                             _static_batch_size(vector_loss))
   with tf.control_dependencies(checks):
     return tf.reduce_mean(tf.reshape(vector_loss, [num_microbatches, -1]), axis=1)
 
@@ -109,7 +125,7 @@ def clipped_sum_from_vector_loss(vector_loss, var_list, l2_norm_clip, num_microb
   if loss_scale is not None:
     jacobian = [j / tf.cast(loss_scale, j.dtype) for j in jacobian]
   summed, norms = clip_and_sum(jacobian, l2_norm_clip)
-  return ClippedSum(summed, norms, losses)
+  return issue_clipped_sum(summed, norms, losses)
 
 
 def _to_microbatches(tensor, num_microbatches):
@@ -140,9 +156,9 @@ def clipped_sum_vectorized(loss_fn, inputs, var_list, l2_norm_clip, num_microbat
   """
   flat = [x for x in tf.nest.flatten(inputs) if x is not None]
   first = tf.convert_to_tensor(flat[0])
-  checks = []
+  checks = [assert_nonempty(tf.shape(first)[0])]
   if num_microbatches is not None:
-    checks = _check_divisible(tf.shape(first)[0], num_microbatches, _static_batch_size(first))
+    checks += _check_divisible(tf.shape(first)[0], num_microbatches, _static_batch_size(first))
   with tf.control_dependencies(checks):
     microbatched = tf.nest.map_structure(
         lambda t: _to_microbatches(t, num_microbatches), inputs)
@@ -158,8 +174,8 @@ def clipped_sum_vectorized(loss_fn, inputs, var_list, l2_norm_clip, num_microbat
     grads = tape.gradient(loss, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     return grads, loss, aux
 
-  grads, losses, aux = tf.vectorized_map(per_microbatch, microbatched)
+  grads, losses, aux = map_examples(per_microbatch, microbatched)
   summed, norms = clip_and_sum(grads, l2_norm_clip)
   aux = tf.nest.map_structure(
       lambda t: tf.reshape(t, tf.concat([[-1], tf.shape(t)[2:]], 0)), aux)
-  return ClippedSum(summed, norms, losses), aux
+  return issue_clipped_sum(summed, norms, losses), aux

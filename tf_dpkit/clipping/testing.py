@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dpkit.clipping.clipped_sum import clip_factors
-from tf_dpkit.clipping.layer_registry import lookup_rule
+from tf_dpkit.clipping.rules import lookup_rule
 
 
 def check_layer_rule(layer, inputs, num_microbatches=None, l2_norm_clip=None, rtol=1e-4,

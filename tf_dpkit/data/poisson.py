@@ -77,6 +77,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tf_dpkit import noise as noise_lib
+
 # Second seed words, so the Poisson and the shuffle pipelines draw unrelated streams even when
 # given the same seed.
 _POISSON_STREAM = 0x504F4953  # "POIS"
@@ -123,8 +125,9 @@ def _as_arrays(data) -> tuple[tuple[tf.Tensor, ...], int]:
   return tensors, sizes[0]
 
 
-def _seed_pair(seed: int, stream: int) -> tf.Tensor:
-  return tf.constant([seed, stream], dtype=tf.int64)
+def _seed_pair(seed: noise_lib.SecretInt, stream: int) -> tf.Tensor:
+  """``[seed, stream]`` as an int64 seed; the seed enters the graph as no constant."""
+  return tf.stack([seed.tensor(), tf.constant(stream, tf.int64)])
 
 
 def _gather(tensors, indices, weights):
@@ -171,6 +174,7 @@ class PoissonSampling:
     object.__setattr__(self, "sampling_probability", q)
     object.__setattr__(self, "steps", steps)
     object.__setattr__(self, "seed", seed)
+    object.__setattr__(self, "_secret_seed", noise_lib.SecretInt(seed).prepare())
 
   @classmethod
   def from_expected_batch_size(cls, num_examples: int, expected_batch_size: float, *, steps: int,
@@ -215,7 +219,7 @@ class PoissonSampling:
       selected = tf.ones([n], tf.bool)
     else:
       step_seed = tf.random.experimental.stateless_fold_in(
-          _seed_pair(self.seed, _POISSON_STREAM), step, alg=_ALG)
+          _seed_pair(self._secret_seed, _POISSON_STREAM), step, alg=_ALG)
       draws = tf.random.stateless_uniform([n], seed=step_seed, minval=None, maxval=None,
                                           dtype=tf.uint64, alg=_ALG)
       selected = draws < tf.constant(self.inclusion_threshold, tf.uint64)
@@ -339,7 +343,7 @@ def shuffled_batches(data, batch_size: int, epochs: int, seed: int | None = None
   batch_size = _check_int("batch_size", batch_size, 1, n)
   epochs = _check_int("epochs", epochs, 1)
   seed = _check_int("seed", secret_seed() if seed is None else seed, _INT64_MIN, _INT64_MAX)
-  base_seed = _seed_pair(seed, _SHUFFLE_STREAM)
+  base_seed = _seed_pair(noise_lib.SecretInt(seed).prepare(), _SHUFFLE_STREAM)
 
   def epoch_batches(epoch):
     epoch_seed = tf.random.experimental.stateless_fold_in(base_seed, epoch, alg=_ALG)

@@ -16,26 +16,43 @@ NOT_PRIVATE_MESSAGE = (
     "`tf_dpkit.make_dp_model_class(...)` instead of a plain `keras.Model`.")
 
 
+STALE_MESSAGE = (
+    "{cls} received private gradients that were already applied or were superseded by a later "
+    "private gradient computation. Each private gradient may be applied once, right after it is "
+    "computed: compute fresh private gradients for every step (re-applying one would count its "
+    "privacy cost again without the accountant knowing).")
+
+_REMEMBERED_STALE = 4
+
+
 class PrivateGradientCertificate:
   """Holds the gradient tensors most recently produced by the private path."""
 
-  __slots__ = ("_tensors",)
+  __slots__ = ("_tensors", "_stale")
 
   def __init__(self):
     self._tensors = ()
+    self._stale = ()
 
   def issue(self, grads):
     """Marks ``grads`` (a list of tensors/None) as private and returns it unchanged."""
+    self._retire()
     self._tensors = tuple(g for g in grads if g is not None)
     return grads
 
   def check(self, grads, owner_name: str):
-    """Raises ``ValueError`` unless every non-None entry of ``grads`` was issued."""
+    """Raises ``ValueError`` unless every non-None entry of ``grads`` was issued last."""
     for g in grads:
       if g is None:
         continue
       if not any(g is issued for issued in self._tensors):
-        raise ValueError(NOT_PRIVATE_MESSAGE.format(cls=owner_name))
+        stale = any(g is old for group in self._stale for old in group)
+        raise ValueError((STALE_MESSAGE if stale else NOT_PRIVATE_MESSAGE).format(cls=owner_name))
 
   def clear(self):
+    self._retire()
+
+  def _retire(self):
+    if self._tensors:
+      self._stale = ((self._tensors,) + self._stale)[:_REMEMBERED_STALE]
     self._tensors = ()

@@ -2,31 +2,10 @@
 that turns a clipped sum into the private average gradient."""
 from __future__ import annotations
 
-import math
-import numbers
-
 import tensorflow as tf
 
+from analysis import _checks
 from tf_dpkit import noise as noise_lib
-
-
-def _real(name, value, *, allow_zero):
-  if isinstance(value, bool) or not isinstance(value, numbers.Real):
-    raise ValueError(f"{name} must be a real number, got {value!r}.")
-  value = float(value)
-  ok = value >= 0 if allow_zero else value > 0
-  if math.isnan(value) or math.isinf(value) or not ok:
-    interval = "[0, inf)" if allow_zero else "(0, inf)"
-    raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}.")
-  return value
-
-
-def _positive_int_or_none(name, value):
-  if value is None:
-    return None
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-    raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}.")
-  return int(value)
 
 
 class DPSettings:
@@ -44,11 +23,14 @@ class DPSettings:
 
   def __init__(self, l2_norm_clip, noise_multiplier, num_microbatches=None, *,
                expected_batch_size=None, seed=None):
-    self.l2_norm_clip = _real("l2_norm_clip", l2_norm_clip, allow_zero=False)
-    self.noise_multiplier = _real("noise_multiplier", noise_multiplier, allow_zero=True)
-    self.num_microbatches = _positive_int_or_none("num_microbatches", num_microbatches)
+    self.l2_norm_clip = _checks.check_finite_positive("l2_norm_clip", l2_norm_clip)
+    self.noise_multiplier = _checks.check_finite_nonnegative("noise_multiplier", noise_multiplier)
+    self.num_microbatches = (None if num_microbatches is None else
+                             _checks.check_integer("num_microbatches", num_microbatches, minimum=1,
+                                                   none_allowed=True))
     if expected_batch_size is not None:
-      expected_batch_size = _real("expected_batch_size", expected_batch_size, allow_zero=False)
+      expected_batch_size = _checks.check_finite_positive("expected_batch_size",
+                                                          expected_batch_size)
       if self.num_microbatches is not None:
         raise ValueError(
             "expected_batch_size (Poisson-sampled batches of variable size) needs "
@@ -120,13 +102,3 @@ class DPSettings:
         normalizer = tf.cast(realised_microbatches, g.dtype)
       out.append(g / normalizer)
     return out
-
-
-class DPSettingsViews:
-  """Read-only attributes of a DP optimizer, backed by its ``_dp`` (a :class:`DPSettings`)."""
-
-  l2_norm_clip = property(lambda self: self._dp.l2_norm_clip)
-  noise_multiplier = property(lambda self: self._dp.noise_multiplier)
-  num_microbatches = property(lambda self: self._dp.num_microbatches)
-  expected_batch_size = property(lambda self: self._dp.expected_batch_size)
-  dp_settings = property(lambda self: self._dp)

@@ -11,24 +11,16 @@ import keras
 import tensorflow as tf
 
 from tf_dpkit.clipping import clipped_sum_from_vector_loss
-from tf_dpkit.optimizers.certificate import PrivateGradientCertificate
-from tf_dpkit.optimizers.dp_settings import DPSettings, DPSettingsViews
+from tf_dpkit.optimizers.base import CONSTRUCTOR_ARGS_DOC, DPOptimizerBase
 
 
 def make_keras_dp_class(base):
   """Builds the DP subclass of the Keras 3 optimizer class ``base`` (see the factory)."""
 
-  class KerasDPOptimizer(DPSettingsViews, base):
+  class KerasDPOptimizer(DPOptimizerBase, base):
     __doc__ = f"""Differentially private {base.__name__} (DP-SGD gradient, {base.__name__} update).
 
-    Args:
-      l2_norm_clip: C > 0; each microbatch gradient is clipped to L2 norm C.
-      noise_multiplier: sigma >= 0; Gaussian noise of std sigma*C is added to the clipped sum.
-      num_microbatches: None (one microbatch per example, default) or M dividing the batch.
-      *args, **kwargs: passed to ``keras.optimizers.{base.__name__}`` (e.g. learning_rate).
-      seed: optional int key for reproducible noise (tests); default: secret OS entropy.
-      expected_batch_size: for Poisson-sampled batches, divide the noisy sum by this instead
-        of the realised batch size (requires ``num_microbatches=None``).
+    {CONSTRUCTOR_ARGS_DOC.format(base="keras.optimizers." + base.__name__)}
 
     One step: split the vector loss into M microbatches, clip each microbatch's gradient to
     C, sum, add N(0, (sigma C)^2 I), divide by M (or ``expected_batch_size``), apply the
@@ -45,33 +37,21 @@ def make_keras_dp_class(base):
             "gradient_accumulation_steps is not supported by DP optimizers: Keras would add "
             "noise on every micro-step, which changes the privacy analysis. Use a larger "
             "batch (or Poisson sampling with a larger expected_batch_size) instead.")
-      settings = DPSettings(l2_norm_clip, noise_multiplier, num_microbatches,
-                            expected_batch_size=expected_batch_size, seed=seed)
+      settings = self._validated_settings(args, kwargs, l2_norm_clip, noise_multiplier,
+                                          num_microbatches, expected_batch_size, seed)
       super().__init__(*args, **kwargs)
-      self._dp = settings
-      self._dp_certificate = PrivateGradientCertificate()
-
+      self._attach_dp(settings)
 
     def get_config(self):
       config = super().get_config()
       config.update(self._dp.config())
       return config
 
+    def _noise_step(self):
+      return self.iterations
+
     def _loss_scale(self):
       return self.loss_scale_factor
-
-    def privatize(self, clipped_grads, realised_microbatches):
-      """Noises and averages a clipped sum (from any per-example method) and certifies it.
-
-      Returns the list of private average gradients, ready for ``apply``.  If
-      ``loss_scale_factor`` is set the result is multiplied by it, because Keras's ``apply``
-      divides by it; clipping never sees the scale.
-      """
-      grads = self._dp.private_average(clipped_grads, realised_microbatches, self.iterations)
-      scale = self._loss_scale()
-      if scale is not None:
-        grads = [None if g is None else g * tf.constant(scale, dtype=g.dtype) for g in grads]
-      return self._dp_certificate.issue(grads)
 
     def compute_gradients(self, loss, var_list, tape=None):
       """Private gradients of a vector loss: ``[(grad, var), ...]``.
@@ -93,8 +73,7 @@ def make_keras_dp_class(base):
       clipped = clipped_sum_from_vector_loss(
           loss, var_list, self._dp.l2_norm_clip, self._dp.num_microbatches, tape=tape,
           loss_scale=self._loss_scale())
-      grads = self.privatize(clipped.grads, tf.shape(clipped.losses)[0])
-      return list(zip(grads, var_list))
+      return list(zip(self.privatize(clipped), var_list))
 
     def minimize(self, loss, var_list, tape=None):
       """``compute_gradients`` then ``apply_gradients``; returns ``iterations`` after the step."""
@@ -104,8 +83,7 @@ def make_keras_dp_class(base):
 
     def apply(self, grads, trainable_variables=None):
       grads = list(grads)
-      self._dp_certificate.check(grads, type(self).__name__)
-      self._dp_certificate.clear()
+      self._check_certified(grads)
       return super().apply(grads, trainable_variables)
 
   KerasDPOptimizer.__name__ = f"DP{base.__name__}"

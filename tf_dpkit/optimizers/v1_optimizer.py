@@ -11,8 +11,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tf_dpkit.clipping import clipped_sum_from_vector_loss
-from tf_dpkit.optimizers.certificate import PrivateGradientCertificate
-from tf_dpkit.optimizers.dp_settings import DPSettings, DPSettingsViews
+from tf_dpkit.optimizers.base import CONSTRUCTOR_ARGS_DOC, DPOptimizerBase
 
 _V1 = tf.compat.v1
 
@@ -20,17 +19,10 @@ _V1 = tf.compat.v1
 def make_v1_dp_class(base):
   """Builds the DP subclass of the ``tf.compat.v1.train.Optimizer`` subclass ``base``."""
 
-  class V1DPOptimizer(DPSettingsViews, base):
+  class V1DPOptimizer(DPOptimizerBase, base):
     __doc__ = f"""Differentially private ``tf.compat.v1.train.{base.__name__}``.
 
-    Args:
-      l2_norm_clip: C > 0; each microbatch gradient is clipped to L2 norm C.
-      noise_multiplier: sigma >= 0; Gaussian noise of std sigma*C is added to the clipped sum.
-      num_microbatches: None (one microbatch per example, default) or M dividing the batch.
-      *args, **kwargs: passed to ``{base.__name__}`` (e.g. learning_rate).
-      seed: optional int key for reproducible noise; default: secret OS entropy.
-      expected_batch_size: for Poisson-sampled batches, normalise by this (needs
-        ``num_microbatches=None``).
+    {CONSTRUCTOR_ARGS_DOC.format(base="tf.compat.v1.train." + base.__name__)}
 
     ``minimize(loss=vector_loss)`` works in a v1 graph without a tape; in eager mode or inside
     ``tf.function`` pass ``tape=`` or a callable loss.
@@ -40,9 +32,9 @@ def make_v1_dp_class(base):
 
     def __init__(self, l2_norm_clip, noise_multiplier, num_microbatches=None, *args,
                  seed=None, expected_batch_size=None, **kwargs):
-      self._dp = DPSettings(l2_norm_clip, noise_multiplier, num_microbatches,
-                            expected_batch_size=expected_batch_size, seed=seed)
-      self._dp_certificate = PrivateGradientCertificate()
+      settings = self._validated_settings(args, kwargs, l2_norm_clip, noise_multiplier,
+                                          num_microbatches, expected_batch_size, seed)
+      self._attach_dp(settings)
       super().__init__(*args, **kwargs)
 
     def compute_gradients(self, loss, var_list=None, gate_gradients=base.GATE_OP,
@@ -65,9 +57,7 @@ def make_v1_dp_class(base):
         raise ValueError("No variables to optimize.")
       clipped = clipped_sum_from_vector_loss(
           loss, var_list, self._dp.l2_norm_clip, self._dp.num_microbatches, tape=tape)
-      grads = self._dp.private_average(clipped.grads, tf.shape(clipped.losses)[0], step=0)
-      self._dp_certificate.issue(grads)
-      return list(zip(grads, var_list))
+      return list(zip(self.privatize(clipped), var_list))
 
     def minimize(self, loss, global_step=None, var_list=None, gate_gradients=base.GATE_OP,
                  aggregation_method=None, colocate_gradients_with_ops=False, name=None,
@@ -79,8 +69,7 @@ def make_v1_dp_class(base):
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
       grads_and_vars = list(grads_and_vars)
-      self._dp_certificate.check([g for g, _ in grads_and_vars], type(self).__name__)
-      self._dp_certificate.clear()
+      self._check_certified([g for g, _ in grads_and_vars])
       return super().apply_gradients(grads_and_vars, global_step=global_step, name=name)
 
   V1DPOptimizer.__name__ = f"DP{base.__name__}"

@@ -1,0 +1,116 @@
+"""Every private Keras 3 internal the fast path relies on, in one place.
+
+The fast path must run a functional model's layer graph itself (to execute trainable layers by
+their rules) and must replay a layer's ``call`` with exactly the arguments Keras resolved
+(``training``, masks).  Keras offers no public API for either, so these wrappers are the only
+code in tf_dpkit that touches ``keras.src``; a Keras upgrade that moves them breaks here, not
+silently elsewhere.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import keras
+from keras.src import backend as keras_backend
+from keras.src.models import functional as keras_functional
+
+
+def layer_graph(model):
+  """The Keras functional graph that runs ``model`` (Sequential or functional), else None."""
+  if isinstance(model, keras.Sequential):
+    return getattr(model, "_functional", None)
+  if isinstance(model, keras_functional.Functional):
+    return model
+  return None
+
+
+def graph_nodes(graph):
+  """All nodes of a functional graph (each one call of an operation)."""
+  for nodes in graph._nodes_by_depth.values():  # pylint: disable=protected-access
+    yield from nodes
+
+
+def run_graph(graph, x, operation_fn):
+  """Runs ``graph`` on inputs ``x`` calling ``operation_fn(layer)(*args, **kwargs)`` per node."""
+  x = graph._standardize_inputs(x)  # pylint: disable=protected-access
+  return graph._run_through_graph(x, operation_fn=operation_fn)  # pylint: disable=protected-access
+
+
+def training_call(layer):
+  """``layer``'s ``__call__`` with ``training=True`` injected as Keras's functional graph does."""
+  return keras_functional.operation_fn(layer, training=True)
+
+
+def sublayers(layer, include_self=False):
+  """All layers nested in ``layer`` (depth first)."""
+  return layer._flatten_layers(include_self=include_self)  # pylint: disable=protected-access
+
+
+def added_losses(layer):
+  """Losses ``layer`` itself recorded with ``add_loss`` during its last call."""
+  return getattr(layer, "_losses", None)
+
+
+def autocast_scope(layer):
+  """The scope in which ``layer.call`` reads its variables in its compute dtype.
+
+  Keras's ``Layer.__call__`` enters it for mixed-precision layers; code that runs ``call`` (or
+  a rule) directly must enter it too, else float32 variables meet bfloat16 inputs.
+  """
+  if layer.compute_dtype != layer.variable_dtype and keras_backend.is_float_dtype(
+      layer.compute_dtype):
+    return keras_backend.AutocastScope(layer.compute_dtype)
+  return contextlib.nullcontext()
+
+
+def keras_mask(tensor):
+  """The Keras mask attached to ``tensor`` (None if none)."""
+  return keras_backend.get_keras_mask(tensor)
+
+
+def set_keras_mask(tensor, mask):
+  """Attaches ``mask`` to ``tensor`` as Keras does for masking layers (no-op if impossible)."""
+  try:
+    keras_backend.set_keras_mask(tensor, mask)
+  except AttributeError:
+    pass
+
+
+def no_autocast():
+  """A scope in which Keras variables read in their own (variable) dtype."""
+  return keras_backend.AutocastScope(None)
+
+
+@contextlib.contextmanager
+def recording_call(layer):
+  """Within the block, every ``layer.call(*args, **kwargs)`` is recorded exactly as Keras made
+  it (``training`` and masks resolved by ``Layer.__call__``).
+
+  Yields ``(calls, call)``: the list that receives ``(args, kwargs)`` per call, and the
+  layer's own ``call`` to replay them with.
+  """
+  original = layer.call
+  calls = []
+
+  def spy(*args, **kwargs):
+    calls.append((args, kwargs))
+    return original(*args, **kwargs)
+  object.__setattr__(layer, "call", spy)
+  try:
+    yield calls, original
+  finally:
+    object.__delattr__(layer, "call")
+
+
+@contextlib.contextmanager
+def calls_replaced(layers_and_calls):
+  """Within the block, ``layer.call`` is ``call`` for each ``(layer, call)`` pair."""
+  replaced = []
+  try:
+    for layer, call in layers_and_calls:
+      object.__setattr__(layer, "call", call)
+      replaced.append(layer)
+    yield
+  finally:
+    for layer in replaced:
+      object.__delattr__(layer, "call")

@@ -1,0 +1,181 @@
+"""The per-example contract: how a batch becomes one loss and one weight per example.
+
+DP-SGD bounds the influence of one example only if the gradient it contributes depends on that
+example alone.  This module is the one place that turns a loss function's output into the
+``[B]`` per-example losses the clipping paths differentiate, and it enforces the contract:
+
+* a loss must return ``[B]`` or ``[B, d_1, ..., d_r]`` where ``(d_1, ..., d_r)`` is a prefix of
+  the prediction's non-batch shape (e.g. ``[B, T]`` per-token losses of ``[B, T, V]``
+  predictions).  A scalar (already reduced over the batch), a wrong leading dimension or any
+  other trailing shape (e.g. ``[B, B]`` from broadcasting ``[B] - [B, 1]``) is refused;
+* losses known to compare examples within a batch (``keras.losses.Circle``) are refused;
+* on the fast path the loss is evaluated on each example alone (:func:`map_examples`), so no
+  entry can depend on another example whatever the loss function does.
+
+:func:`map_examples` maps a function over the examples of a batch with ``tf.vectorized_map``
+and, for functions that ``pfor`` cannot vectorise (recurrent layers with masks, stateful
+random ops), with ``tf.map_fn``: slower, but every example is still computed alone.
+"""
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+# Losses whose value for one example depends on the other examples of the batch.
+_BATCH_MIXING_LOSSES = tuple(
+    cls for cls in (getattr(keras.losses, "Circle", None),) if cls is not None)
+_BATCH_MIXING_FUNCTIONS = tuple(
+    fn for fn in (getattr(keras.losses, "circle", None),) if fn is not None)
+
+
+def check_loss_is_per_example(loss) -> None:
+  """Raises ``ValueError`` for a loss known to mix the examples of a batch."""
+  if isinstance(loss, _BATCH_MIXING_LOSSES) or any(loss is fn for fn in _BATCH_MIXING_FUNCTIONS):
+    raise ValueError(
+        f"{getattr(loss, 'name', None) or getattr(loss, '__name__', loss)!r} compares examples "
+        "within a batch, so one example's loss depends on the others and its gradient cannot be "
+        "bounded by clipping. DP-SGD needs a loss computed from each example alone.")
+  inner = getattr(loss, "fn", None)  # keras.losses.LossFunctionWrapper
+  if inner is not None and inner is not loss:
+    check_loss_is_per_example(inner)
+
+
+def _static_dim(dim):
+  return tf.compat.dimension_value(dim)
+
+
+def check_per_example_shape(values, batch=None, prediction_shape=None,
+                            name="the per-example loss function") -> list:
+  """Checks that ``values`` has one leading entry per example; returns run-time assertions.
+
+  Args:
+    values: the loss function's output.
+    batch: the batch size (int or scalar tensor), or None when unknown.
+    prediction_shape: ``tf.TensorShape`` of the predictions, or None; when given, the
+      trailing shape of ``values`` must be a prefix of the prediction's non-batch shape.
+    name: how the error names ``values``.
+
+  Raises ``ValueError`` for shapes that are wrong statically; returns (possibly empty) a list of
+  ``tf.debugging`` assertions for what only the running step can tell.
+  """
+  shape = values.shape
+  if shape.rank == 0:
+    raise ValueError(
+        f"{name} returned a scalar; DP-SGD needs one loss per example (shape [batch] or [batch, ...]). "
+        "Use an unreduced loss, e.g. a keras.losses function or a Loss with reduction=None.")
+  checks = []
+  if shape.rank is None:
+    return checks
+  static_batch = batch if isinstance(batch, int) else None
+  leading = _static_dim(shape[0])
+  if static_batch is not None and leading is not None and leading != static_batch:
+    raise ValueError(f"{name} has shape {shape}, but the batch has {static_batch} examples: its "
+                     "leading dimension must be the batch (one entry per example).")
+  if batch is not None and (static_batch is None or leading is None):
+    checks.append(tf.debugging.assert_equal(
+        tf.shape(values, out_type=tf.int32)[0], tf.cast(batch, tf.int32),
+        message=f"{name}'s leading dimension must be the batch size (one entry per example)"))
+  if prediction_shape is not None and prediction_shape.rank is not None and shape.rank > 1:
+    trailing, allowed = shape[1:], prediction_shape[1:]
+    ok = trailing.rank <= allowed.rank and all(
+        a is None or b is None or a == b
+        for a, b in zip(trailing.as_list(), allowed.as_list()))
+    if not ok:
+      raise ValueError(
+          f"{name} has shape {shape} for predictions of shape {prediction_shape}: beyond the "
+          "batch axis a per-example loss may only keep leading axes of the prediction (e.g. "
+          "[batch, time]). A shape like [batch, batch] comes from broadcasting y_true against "
+          "y_pred (e.g. [batch] - [batch, 1]) and mixes examples; reshape y_true to match "
+          "y_pred.")
+  return checks
+
+
+def per_example_losses(values, batch, mask=None, name="the per-example loss function",
+                       prediction_shape=None) -> tf.Tensor:
+  """Returns ``values`` ([B] or [B, ...]) as [B] per-example losses (mean over trailing axes).
+
+  With a ``mask`` (a Keras output mask, [B, T] or matching ``values``'s leading axes) and
+  ``values`` of rank >= 2, each example's loss is the mean over its unmasked positions,
+  ``sum_t m_t v_t / max(1, sum_t m_t)``; an example with no unmasked position gets 0.  Shapes are
+  checked by :func:`check_per_example_shape`.
+  """
+  values = tf.convert_to_tensor(values)
+  checks = check_per_example_shape(values, batch, prediction_shape, name)
+  with tf.control_dependencies(checks):
+    if mask is not None and values.shape.rank is not None and values.shape.rank >= 2:
+      mask = tf.cast(mask, values.dtype)
+      while mask.shape.rank < values.shape.rank:
+        mask = mask[..., None]
+      mask = tf.broadcast_to(mask, tf.shape(values))
+      masked_sum = tf.reduce_sum(tf.reshape(values * mask, [batch, -1]), axis=1)
+      count = tf.reduce_sum(tf.reshape(mask, [batch, -1]), axis=1)
+      return masked_sum / tf.maximum(count, 1.0)
+    return tf.reduce_mean(tf.reshape(values, [batch, -1]), axis=1)
+
+
+def per_example_weights(sample_weight, batch) -> tf.Tensor:
+  """Returns ``sample_weight`` ([B] or [B, 1]) as float32 [B]; ones when it is ``None``.
+
+  Raises ``ValueError`` for any other static shape (e.g. per-timestep weights [B, T]): each
+  example must enter the clipped sum with one scalar weight.
+  """
+  if sample_weight is None:
+    return tf.ones([batch], tf.float32)
+  sample_weight = tf.convert_to_tensor(sample_weight)
+  shape = sample_weight.shape
+  if shape.rank is not None and (shape.rank == 0 or any(
+      d is not None and d != 1 for d in shape.as_list()[1:])):
+    raise ValueError(
+        f"sample_weight must have shape [batch] or [batch, 1] (one weight per example), got "
+        f"{shape}.")
+  return tf.cast(tf.reshape(sample_weight, [batch]), tf.float32)
+
+
+def map_examples(fn, elems):
+  """``tf.stack([fn(e) for e in unstack(elems)])`` with each example computed alone.
+
+  Uses ``tf.vectorized_map``; when ``pfor`` cannot vectorise ``fn`` (it raises while tracing,
+  as for masked recurrent layers), falls back to ``tf.map_fn``, whose output signature is read
+  from ``fn`` applied to the first example.
+
+  Args:
+    fn: maps one example (the structure of ``elems`` without the leading axis) to a nest of
+      tensors.
+    elems: nest of tensors sharing the leading (batch) dimension.
+  """
+  try:
+    return tf.vectorized_map(fn, elems)
+  except (TypeError, ValueError, NotImplementedError, tf.errors.OpError, LookupError):
+    first = tf.nest.map_structure(lambda t: t[0], elems)
+    signature = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), fn(first))
+    return tf.map_fn(fn, elems, fn_output_signature=signature)
+
+
+def isolated_per_example_losses(loss_fn, y_true, y_pred, batch, mask=None) -> tf.Tensor:
+  """[B] losses, each from ``loss_fn`` applied to that example alone (see the module docstring).
+
+  Args:
+    loss_fn: ``f(y_true, y_pred) -> [b]`` or ``[b, ...]`` losses for a batch of ``b`` examples.
+    y_true, y_pred: nests of tensors with leading dimension ``batch`` (``y_true`` may be None).
+    batch: the batch size (scalar tensor or int).
+    mask: optional Keras output mask of ``y_pred`` ([B, ...]).
+  """
+  flat_pred = tf.nest.flatten(y_pred)
+  checks = [tf.debugging.assert_equal(tf.shape(t)[0], tf.cast(batch, tf.int32),
+                                      message="y_pred's leading dimension must be the batch")
+            for t in flat_pred]
+  checks += check_per_example_shape(flat_pred[0], batch, None, "y_pred")
+
+  present = {k: v for k, v in (("y_true", y_true), ("y_pred", y_pred), ("mask", mask))
+             if v is not None}
+
+  def one(example):
+    one_true = tf.nest.map_structure(lambda t: t[None], example.get("y_true"))
+    one_pred = tf.nest.map_structure(lambda t: t[None], example["y_pred"])
+    values = tf.convert_to_tensor(loss_fn(one_true, one_pred))
+    one_mask = example["mask"][None] if "mask" in example else None
+    return per_example_losses(values, 1, one_mask,
+                              prediction_shape=tf.nest.flatten(one_pred)[0].shape)[0]
+
+  with tf.control_dependencies(checks):
+    return map_examples(one, present)

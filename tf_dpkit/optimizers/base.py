@@ -1,0 +1,119 @@
+"""What every DP optimizer shares, Keras 3 and ``tf.compat.v1`` alike.
+
+* the constructor's DP arguments, validated once (:class:`DPSettings`), and the learning rate
+  (a finite number > 0, a tensor, or a schedule/callable);
+* :meth:`DPOptimizerBase.privatize`: the only way to turn gradients into private ones.  It
+  takes a :class:`~tf_dpkit.clipping.ClippedSum` (made only by tf_dpkit's clipping paths, so
+  every microbatch's share is clipped to ``C``), adds ``N(0, (sigma C)^2 I)``, divides by the
+  number of microbatches (or the expected batch size), adds data-independent gradients (weight
+  regularisers) and certifies the result;
+* the certificate check in ``apply`` / ``apply_gradients``: only the tensors ``privatize`` issued
+  last, once.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+
+import tensorflow as tf
+
+from tf_dpkit.clipping.clipped_sum import ClippedSum
+from tf_dpkit.optimizers.certificate import PrivateGradientCertificate
+from tf_dpkit.optimizers.dp_settings import DPSettings
+
+CONSTRUCTOR_ARGS_DOC = """Args:
+      l2_norm_clip: C > 0; each microbatch gradient is clipped to L2 norm C.
+      noise_multiplier: sigma >= 0; Gaussian noise of std sigma*C is added to the clipped sum.
+      num_microbatches: None (one microbatch per example, default) or M dividing the batch.
+      *args, **kwargs: passed to ``{base}`` (e.g. ``learning_rate``: a finite number > 0, or
+        a schedule).
+      seed: optional int key in [0, 2**62) for reproducible noise (tests); default: a secret
+        key from the OS entropy source, never written to a config, checkpoint or graph.
+      expected_batch_size: for Poisson-sampled batches, divide the noisy sum by this instead
+        of the realised batch size (requires ``num_microbatches=None``)."""
+
+
+def check_learning_rate(base, args, kwargs):
+  """Raises ``ValueError`` if ``base(*args, **kwargs)`` gets a NaN, infinite or non-positive
+  numeric learning rate (tensors, variables, schedules and callables are passed through)."""
+  try:
+    bound = inspect.signature(base.__init__).bind_partial(None, *args, **kwargs)
+  except TypeError:
+    return  # the base constructor reports its own argument errors
+  value = bound.arguments.get("learning_rate")
+  if value is None or isinstance(value, bool) or not isinstance(value, numbers.Real):
+    return
+  if not (math.isfinite(value) and value > 0):
+    raise ValueError(f"learning_rate must be a finite number in (0, inf) (or a schedule), got "
+                     f"{value!r}.")
+
+
+class DPOptimizerBase:
+  """Mixin placed before the wrapped optimizer class; see the module docstring."""
+
+  _dp_base_class = None  # set on each generated class
+
+  @classmethod
+  def _validated_settings(cls, args, kwargs, l2_norm_clip, noise_multiplier, num_microbatches,
+                          expected_batch_size, seed) -> DPSettings:
+    """Checks every constructor argument before the wrapped class sees any of them."""
+    check_learning_rate(cls._dp_base_class, args, kwargs)
+    return DPSettings(l2_norm_clip, noise_multiplier, num_microbatches,
+                      expected_batch_size=expected_batch_size, seed=seed)
+
+  def _attach_dp(self, settings: DPSettings):
+    self._dp = settings
+    self._dp_certificate = PrivateGradientCertificate()
+
+  l2_norm_clip = property(lambda self: self._dp.l2_norm_clip)
+  noise_multiplier = property(lambda self: self._dp.noise_multiplier)
+  num_microbatches = property(lambda self: self._dp.num_microbatches)
+  expected_batch_size = property(lambda self: self._dp.expected_batch_size)
+  dp_settings = property(lambda self: self._dp)
+
+  def _noise_step(self):
+    """The optimizer step folded into the noise seed (0 when the optimizer has none)."""
+    return 0
+
+  def _loss_scale(self):
+    """The factor the wrapped ``apply`` divides gradients by (None: none)."""
+    return None
+
+  def privatize(self, clipped: ClippedSum, data_independent_grads=None):
+    """Private average gradients from a clipped sum, certified for ``apply``.
+
+    ``(S + N(0, (sigma C)^2 I)) / n + R`` per variable, where ``S`` is ``clipped.grads``, ``n``
+    the expected batch size when set, else the number of microbatches, and ``R`` the optional
+    ``data_independent_grads`` (gradients that do not depend on the data, e.g. of weight
+    regularisers; post-processing, no privacy cost).  With ``loss_scale_factor`` set, the result
+    is multiplied by it, because Keras's ``apply`` divides by it.
+
+    Args:
+      clipped: a :class:`~tf_dpkit.clipping.ClippedSum` from ``tf_dpkit.private_gradients``'
+        clipping paths; anything else raises ``TypeError``.
+      data_independent_grads: optional list aligned with ``clipped.grads`` (None entries
+        allowed).
+    """
+    if not isinstance(clipped, ClippedSum):
+      raise TypeError(
+          f"{type(self).__name__}.privatize takes the ClippedSum made by tf_dpkit's clipping "
+          f"(e.g. tf_dpkit.private_gradients), got {type(clipped).__name__}: noising gradients "
+          "that were not clipped per example would not be private.")
+    grads = self._dp.private_average(list(clipped.grads), tf.shape(clipped.losses)[0],
+                                     self._noise_step())
+    if data_independent_grads is not None:
+      extra = list(data_independent_grads)
+      if len(extra) != len(grads):
+        raise ValueError(f"data_independent_grads has {len(extra)} entries for {len(grads)} "
+                         "variables.")
+      grads = [g if r is None else (r if g is None else g + tf.cast(r, g.dtype))
+               for g, r in zip(grads, extra)]
+    scale = self._loss_scale()
+    if scale is not None:
+      grads = [None if g is None else g * tf.constant(scale, dtype=g.dtype) for g in grads]
+    return self._dp_certificate.issue(grads)
+
+  def _check_certified(self, grads):
+    self._dp_certificate.check(list(grads), type(self).__name__)
+    self._dp_certificate.clear()
