@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tf_dpkit.clipping import _keras_internals
-from tf_dpkit.clipping.examples import (check_loss_is_per_example, per_example_losses,
-                                        per_example_weights)
+from tf_dpkit.clipping.examples import per_example_loss_function, per_example_weights
 from tf_dpkit.clipping.fast_path import (check_examples_independent, clipped_sum_fast,
                                          fast_path_available)
 from tf_dpkit.clipping.per_example import clipped_sum_vectorized
@@ -47,7 +45,7 @@ def clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_no
                           num_microbatches=None, method="auto"):
   """``(ClippedSum, y_pred)`` for a Keras model; see the module docstring for ``method``."""
   check_examples_independent(model)
-  check_loss_is_per_example(per_example_loss_fn)
+  per_example_loss_fn = per_example_loss_function(per_example_loss_fn)
   batch = tf.shape(tf.nest.flatten(x)[0])[0]
   sample_weight = per_example_weights(sample_weight, batch)
   if resolve_method(model, method) == "fast":
@@ -57,9 +55,7 @@ def clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_no
   def microbatch_loss(inputs):
     x_mb, y_mb, w_mb = inputs
     y_pred = model(x_mb, training=True)
-    per_example = per_example_losses(per_example_loss_fn(y_mb, y_pred), tf.shape(w_mb)[0],
-                                     mask=_keras_internals.keras_mask(y_pred),
-                                     prediction_shape=y_pred.shape)
+    per_example = per_example_loss_fn(y_mb, y_pred)
     return per_example * tf.cast(w_mb, per_example.dtype), y_pred
 
   return clipped_sum_vectorized(microbatch_loss, (x, y, sample_weight),

@@ -16,8 +16,9 @@ cannot make ``fit`` private.  ``make_dp_model_class(Base)`` returns a subclass o
 5. applies the update and updates the metrics with the predictions of step 2 (no second
    forward pass).
 
-Compiling with a non-DP optimizer raises ``TypeError``.  Single-output models with one loss are
-supported; ``activity_regularizer`` and ``add_loss`` (batch-level, data-dependent losses that
+Compiling with a non-DP optimizer raises ``TypeError``.  Models with several outputs take a
+list or dict of losses (and ``loss_weights``); each example's loss is the weighted sum over
+outputs.  ``activity_regularizer`` and ``add_loss`` (batch-level, data-dependent losses that
 cannot be clipped per example) are refused.  When the model's output carries a Keras mask
 (e.g. after ``Embedding(mask_zero=True)`` in a sequence model), each example's loss is the
 mean over its unmasked positions.
@@ -29,24 +30,81 @@ import functools
 import keras
 import tensorflow as tf
 
+from tf_dpkit.clipping import _keras_internals
+from tf_dpkit.clipping.examples import check_loss_is_per_example, per_example_loss_function
 from tf_dpkit.optimizers import is_dp_optimizer
 from tf_dpkit.model_gradients import clipped_sum_for_model
 
 
-def _per_example_loss_fn(loss):
-  """Returns ``f(y_true, y_pred) -> [batch]`` unreduced losses for a compile() loss spec."""
-  if loss is None:
-    raise ValueError("DP models need `loss=` in compile() (a Keras loss, its name, or a "
-                     "function returning one loss per example).")
-  if isinstance(loss, (list, tuple, dict)):
-    raise ValueError("DP models support a single loss (single-output models); got "
-                     f"{type(loss).__name__}.")
+def _single_loss(loss):
+  """``keras.losses.get(loss)`` as an unreduced ``f(y_true, y_pred)``."""
   loss_obj = keras.losses.get(loss)
   if isinstance(loss_obj, keras.losses.Loss):
+    check_loss_is_per_example(loss_obj)
     return loss_obj.call
   if callable(loss_obj):
     return loss_obj
   raise ValueError(f"Unsupported loss {loss!r}.")
+
+
+def _by_output(spec, names, what):
+  """A list/tuple/dict ``spec`` as a list aligned with the output ``names``."""
+  if isinstance(spec, dict):
+    unknown = sorted(set(spec) - set(names))
+    if unknown:
+      raise ValueError(f"{what} names unknown outputs {unknown}; the model's outputs are {names}.")
+    return [spec.get(name) for name in names]
+  if len(spec) != len(names):
+    raise ValueError(f"{what} has {len(spec)} entries for the model's {len(names)} outputs "
+                     f"{names}.")
+  return list(spec)
+
+
+def _output_names(model):
+  names = getattr(model, "output_names", None)
+  if names:
+    return list(names)
+  if isinstance(model, keras.Sequential) and model.layers:
+    return [model.layers[-1].name]
+  raise ValueError("A list or dict of losses needs a model whose outputs are known (build it "
+                   "with keras.Input first).")
+
+
+def _per_example_loss_fn(model, loss, loss_weights=None):
+  """Returns ``f(y_true, y_pred) -> [batch]``, the compiled loss per example.
+
+  One output: the loss's per-example values (mean over trailing, unmasked axes).  Several
+  outputs (``loss`` a list or a dict keyed by output name, optional ``loss_weights`` likewise):
+  ``sum_k w_k L_k(y_true_k, y_pred_k)`` per example, outputs without a loss skipped, as Keras
+  sums them.
+  """
+  if loss is None:
+    raise ValueError("DP models need `loss=` in compile() (a Keras loss, its name, or a "
+                     "function returning one loss per example).")
+  if not isinstance(loss, (list, tuple, dict)):
+    if loss_weights is not None and not isinstance(loss_weights, (int, float)):
+      raise ValueError(f"loss_weights for one loss must be a number, got {loss_weights!r}.")
+    fn = per_example_loss_function(_single_loss(loss))
+    if loss_weights is None:
+      return fn
+    return per_example_loss_function(lambda y_true, y_pred: loss_weights * fn(y_true, y_pred))
+  names = _output_names(model)
+  losses = _by_output(loss, names, "loss")
+  weights = [1.0] * len(names) if loss_weights is None else _by_output(loss_weights, names,
+                                                                       "loss_weights")
+  terms = [(k, per_example_loss_function(_single_loss(l)), 1.0 if w is None else float(w))
+           for k, (l, w) in enumerate(zip(losses, weights)) if l is not None]
+  if not terms:
+    raise ValueError("compile() got no loss for any output.")
+
+  def total(y_true, y_pred):
+    preds = y_pred if isinstance(y_pred, (list, tuple)) else [y_pred[n] for n in names]
+    trues = ([y_true[n] for n in names] if isinstance(y_true, dict) else
+             list(y_true) if isinstance(y_true, (list, tuple)) else [y_true])
+    if len(trues) != len(names):
+      raise ValueError(f"y has {len(trues)} targets for the model's {len(names)} outputs.")
+    return tf.add_n([w * fn(trues[k], preds[k]) for k, fn, w in terms])
+  return per_example_loss_function(total)
 
 
 def _weight_regularization(variables):
@@ -57,14 +115,14 @@ def _weight_regularization(variables):
 class _DPTrainStep:
   """Mixin holding the private ``compile`` and ``train_step``."""
 
-  def compile(self, optimizer="rmsprop", loss=None, **kwargs):  # pylint: disable=missing-function-docstring
+  def compile(self, optimizer="rmsprop", loss=None, loss_weights=None, **kwargs):  # pylint: disable=missing-function-docstring
     if not is_dp_optimizer(optimizer):
       raise TypeError(
           f"{type(self).__name__} trains with DP-SGD and needs a tf_dpkit DP optimizer (e.g. "
           "tf_dpkit.DPGradientDescentGaussianOptimizer(l2_norm_clip=..., noise_multiplier=..., "
           f"learning_rate=...)), got {optimizer!r}.")
-    self._dp_per_example_loss = _per_example_loss_fn(loss)
-    super().compile(optimizer=optimizer, loss=loss, **kwargs)
+    self._dp_per_example_loss = _per_example_loss_fn(self, loss, loss_weights)
+    super().compile(optimizer=optimizer, loss=loss, loss_weights=loss_weights, **kwargs)
     if not is_dp_optimizer(self.optimizer):
       raise ValueError(
           f"Keras wrapped the DP optimizer in {type(self.optimizer).__name__} (the "
@@ -79,8 +137,8 @@ class _DPTrainStep:
       self.optimizer.build(self.trainable_variables)
 
   def _check_no_added_losses(self):
-    added = [layer.name for layer in self._flatten_layers()
-             if getattr(layer, "_losses", None)]
+    added = [layer.name for layer in _keras_internals.sublayers(self, include_self=True)
+             if _keras_internals.added_losses(layer)]
     if added:
       raise ValueError(
           f"Layers {added} call add_loss(): such a loss is computed from the whole batch and "
@@ -88,7 +146,7 @@ class _DPTrainStep:
           "loss passed to compile(), or a weight regularizer (added after clipping).")
 
   def _check_no_activity_regularizers(self):
-    for layer in self._flatten_layers():
+    for layer in _keras_internals.sublayers(self, include_self=True):
       if getattr(layer, "activity_regularizer", None) is not None:
         raise ValueError(
             f"Layer {layer.name!r} has an activity_regularizer: that loss depends on the data "
@@ -99,6 +157,7 @@ class _DPTrainStep:
   per_example_method = "auto"
 
   def train_step(self, data):
+    _keras_internals.build_from_batch(self, data)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     optimizer = self.optimizer
     variables = self.trainable_variables

@@ -144,12 +144,14 @@ def test_plain_model_with_dp_optimizer_refuses_to_fit():
     model.fit(X, Y, batch_size=8, verbose=0)
 
 
-def test_dp_model_refuses_non_dp_optimizer_and_multiple_losses():
+def test_dp_model_refuses_non_dp_optimizer_and_losses_that_do_not_match_the_outputs():
   model = tf_dpkit.DPSequential(_layers())
   with pytest.raises(TypeError, match="needs a tf_dpkit DP optimizer"):
     model.compile(keras.optimizers.SGD(0.1), loss=LOSS)
-  with pytest.raises(ValueError, match="single loss"):
+  with pytest.raises(ValueError, match=r"loss has 2 entries for the model's 1 outputs"):
     model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0), loss=[LOSS, LOSS])
+  with pytest.raises(ValueError, match=r"loss names unknown outputs \['nope'\]"):
+    model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0), loss={"nope": LOSS})
   with pytest.raises(ValueError, match="need `loss=`"):
     model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0))
 
@@ -336,3 +338,77 @@ def test_mixed_float16_loss_scaling_is_refused_with_the_fix():
                     loss=LOSS)
   finally:
     keras.config.set_dtype_policy(policy)
+
+
+def _two_output_model(dp=True):
+  keras.utils.set_random_seed(7)
+  inputs = keras.Input((3,))
+  hidden = keras.layers.Dense(4, activation="tanh", name="hidden")(inputs)
+  outputs = [keras.layers.Dense(2, name="cls")(hidden), keras.layers.Dense(1, name="reg")(hidden)]
+  return (tf_dpkit.DPModel if dp else keras.Model)(inputs, outputs)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_two_output_model_step_matches_weighted_per_example_reference(method, as_dict):
+  model = _two_output_model()
+  model.per_example_method = method
+  reference = _two_output_model(dp=False)
+  reference.set_weights(model.get_weights())
+  clip, lr, weights = 0.5, 0.1, (1.0, 0.3)
+  losses = [LOSS, keras.losses.MeanSquaredError()]
+  kwargs = (dict(loss=dict(zip(["cls", "reg"], losses)), loss_weights=dict(zip(["cls", "reg"], weights)))
+            if as_dict else dict(loss=losses, loss_weights=list(weights)))
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(clip, 0.0, learning_rate=lr, seed=0),
+                **kwargs)
+  x, y1, y2 = X[:8], Y[:8], X[:8, :1] * 2.0
+  model.fit(x, (y1, y2), batch_size=8, epochs=1, shuffle=False, verbose=0)
+  total = None
+  for i in range(8):
+    with tf.GradientTape() as tape:
+      p1, p2 = reference(x[i:i + 1])
+      loss = weights[0] * LOSS(y1[i:i + 1], p1) + weights[1] * tf.reduce_mean((p2 - y2[i:i + 1]) ** 2)
+    grads = tape.gradient(loss, reference.trainable_variables)
+    norm = np.sqrt(sum(np.sum(g.numpy() ** 2) for g in grads))
+    clipped = [g.numpy() * min(1.0, clip / norm) for g in grads]
+    total = clipped if total is None else [a + b for a, b in zip(total, clipped)]
+  for w, w0, g in zip(model.get_weights(), reference.get_weights(), total):
+    np.testing.assert_allclose(w, w0 - lr * g / 8, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_sequential_without_input_builds_on_the_first_batch_and_trains_like_its_twin(method):
+  keras.utils.set_random_seed(8)
+  lazy = tf_dpkit.DPSequential([keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(2)])
+  lazy.per_example_method = method
+  twin = tf_dpkit.DPSequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
+                                keras.layers.Dense(2)])
+  twin.per_example_method = method
+  lazy.build((None, 3))
+  twin.set_weights(lazy.get_weights())
+  lazy = tf_dpkit.DPSequential([keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(2)])
+  lazy.per_example_method = method
+  for model in (lazy, twin):
+    model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(0.5, 0.0, learning_rate=0.1, seed=0),
+                  loss=LOSS)
+  lazy.fit(X[:8], Y[:8], batch_size=8, epochs=1, shuffle=False, verbose=0)  # builds, then trains
+  assert lazy.built and len(lazy.trainable_variables) == 4
+  # Same start, same batch: the lazily built model took the same DP step as its twin.
+  start = [w.copy() for w in lazy.get_weights()]
+  lazy_after = None
+  twin.set_weights(start)
+  lazy.fit(X[:8], Y[:8], batch_size=8, epochs=1, shuffle=False, verbose=0)
+  lazy_after = lazy.get_weights()
+  twin.fit(X[:8], Y[:8], batch_size=8, epochs=1, shuffle=False, verbose=0)
+  for a, b in zip(lazy_after, twin.get_weights()):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_keepdims_loss_trains(method):
+  model = tf_dpkit.DPSequential([keras.Input((3,)), keras.layers.Dense(1)])
+  model.per_example_method = method
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 0.0, learning_rate=0.1, seed=0),
+                loss=lambda y, p: tf.reduce_mean(tf.square(p - y), axis=-1, keepdims=True))
+  history = model.fit(X, X[:, :1], batch_size=8, epochs=2, verbose=0)
+  assert history.history["loss"][1] < history.history["loss"][0]

@@ -114,3 +114,10 @@ def calls_replaced(layers_and_calls):
   finally:
     for layer in replaced:
       object.__delattr__(layer, "call")
+
+
+def build_from_batch(model, data) -> None:
+  """Builds an unbuilt model (and its compiled loss, metrics and optimizer) from one batch, as
+  Keras ``fit`` does before the first step (a Sequential model without ``Input``)."""
+  if not all(layer.built for layer in sublayers(model, include_self=True)):
+    model._symbolic_build(data_batch=data)  # pylint: disable=protected-access

@@ -21,6 +21,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from tf_dpkit.clipping import _keras_internals
+
 # Losses whose value for one example depends on the other examples of the batch.
 _BATCH_MIXING_LOSSES = tuple(
     cls for cls in (getattr(keras.losses, "Circle", None),) if cls is not None)
@@ -97,9 +99,12 @@ def per_example_losses(values, batch, mask=None, name="the per-example loss func
   With a ``mask`` (a Keras output mask, [B, T] or matching ``values``'s leading axes) and
   ``values`` of rank >= 2, each example's loss is the mean over its unmasked positions,
   ``sum_t m_t v_t / max(1, sum_t m_t)``; an example with no unmasked position gets 0.  Shapes are
-  checked by :func:`check_per_example_shape`.
+  checked by :func:`check_per_example_shape`.  Half-precision losses (mixed-precision
+  policies) are returned as float32.
   """
   values = tf.convert_to_tensor(values)
+  if values.dtype in (tf.float16, tf.bfloat16):  # mixed precision: reduce in float32
+    values = tf.cast(values, tf.float32)
   checks = check_per_example_shape(values, batch, prediction_shape, name)
   with tf.control_dependencies(checks):
     if mask is not None and values.shape.rank is not None and values.shape.rank >= 2:
@@ -151,31 +156,55 @@ def map_examples(fn, elems):
     return tf.map_fn(fn, elems, fn_output_signature=signature)
 
 
-def isolated_per_example_losses(loss_fn, y_true, y_pred, batch, mask=None) -> tf.Tensor:
+def per_example_loss_function(loss_fn):
+  """``f(y_true, y_pred) -> [b]``: ``loss_fn``'s output reduced per example.
+
+  ``loss_fn(y_true, y_pred)`` may return ``[b]`` or ``[b, ...]``; the result is the mean over
+  the trailing axes (over unmasked positions when ``y_pred`` carries a Keras mask), with the
+  shape checked by :func:`check_per_example_shape`.  Losses known to mix examples are refused.
+  Functions made here (or by ``tf_dpkit.models`` for several outputs) are returned unchanged.
+  """
+  if getattr(loss_fn, "_tf_dpkit_per_example", False):
+    return loss_fn
+  check_loss_is_per_example(loss_fn)
+
+  def reduced(y_true, y_pred):
+    pred = tf.nest.flatten(y_pred)[0]
+    return per_example_losses(loss_fn(y_true, y_pred), tf.shape(pred)[0],
+                              mask=_keras_internals.keras_mask(pred),
+                              prediction_shape=pred.shape)
+  reduced._tf_dpkit_per_example = True  # pylint: disable=protected-access
+  return reduced
+
+
+def isolated_per_example_losses(loss_fn, y_true, y_pred, batch) -> tf.Tensor:
   """[B] losses, each from ``loss_fn`` applied to that example alone (see the module docstring).
 
   Args:
-    loss_fn: ``f(y_true, y_pred) -> [b]`` or ``[b, ...]`` losses for a batch of ``b`` examples.
-    y_true, y_pred: nests of tensors with leading dimension ``batch`` (``y_true`` may be None).
+    loss_fn: ``f(y_true, y_pred) -> [b]`` per-example losses (see
+      :func:`per_example_loss_function`) for a batch of ``b`` examples.
+    y_true, y_pred: nests of tensors with leading dimension ``batch`` (``y_true`` may be None);
+      Keras masks attached to ``y_pred``'s tensors are sliced with them.
     batch: the batch size (scalar tensor or int).
-    mask: optional Keras output mask of ``y_pred`` ([B, ...]).
   """
+  loss_fn = per_example_loss_function(loss_fn)
   flat_pred = tf.nest.flatten(y_pred)
   checks = [tf.debugging.assert_equal(tf.shape(t)[0], tf.cast(batch, tf.int32),
                                       message="y_pred's leading dimension must be the batch")
             for t in flat_pred]
-  checks += check_per_example_shape(flat_pred[0], batch, None, "y_pred")
-
-  present = {k: v for k, v in (("y_true", y_true), ("y_pred", y_pred), ("mask", mask))
-             if v is not None}
+  masks = {str(i): m for i, m in enumerate(_keras_internals.keras_mask(t) for t in flat_pred)
+           if m is not None}
+  present = {"y_pred": flat_pred, "masks": masks}
+  if y_true is not None:
+    present["y_true"] = y_true
 
   def one(example):
+    preds = [t[None] for t in example["y_pred"]]
+    for i, mask in example["masks"].items():
+      _keras_internals.set_keras_mask(preds[int(i)], mask[None])
     one_true = tf.nest.map_structure(lambda t: t[None], example.get("y_true"))
-    one_pred = tf.nest.map_structure(lambda t: t[None], example["y_pred"])
-    values = tf.convert_to_tensor(loss_fn(one_true, one_pred))
-    one_mask = example["mask"][None] if "mask" in example else None
-    return per_example_losses(values, 1, one_mask,
-                              prediction_shape=tf.nest.flatten(one_pred)[0].shape)[0]
+    values = loss_fn(one_true, tf.nest.pack_sequence_as(y_pred, preds))
+    return tf.reshape(values, [-1])[0]
 
   with tf.control_dependencies(checks):
     return map_examples(one, present)

@@ -222,8 +222,8 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
 
   Args:
     model: a built Keras functional or Sequential model (see :func:`fast_path_available`).
-    per_example_loss_fn: ``f(y_true, y_pred) -> [b]`` (or [b, ...], averaged per example); it
-      is applied to each example alone.
+    per_example_loss_fn: ``f(y_true, y_pred) -> [b]`` (or [b, ...], averaged per example, see
+      ``examples.per_example_loss_function``); it is applied to each example alone.
     inputs: ``(x, y, sample_weight)`` with batch dimension B >= 1; ``sample_weight`` ([B] or
       [B, 1]) multiplies each example's loss.
     l2_norm_clip: clip norm C > 0.
@@ -292,9 +292,7 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
 
   with tf.GradientTape(persistent=True) as tape:
     y_pred = internals.run_graph(graph, x, operation_fn)
-    y_pred = tf.nest.flatten(y_pred)[0] if isinstance(y_pred, (list, tuple)) else y_pred
-    per_example = isolated_per_example_losses(per_example_loss_fn, y, y_pred, batch,
-                                              mask=internals.keras_mask(y_pred))
+    per_example = isolated_per_example_losses(per_example_loss_fn, y, y_pred, batch)
     per_example *= tf.cast(sample_weight, per_example.dtype)
     total = tf.reduce_sum(per_example) / tf.cast(per_group, per_example.dtype)
   _check_records_own_distinct_variables(records)

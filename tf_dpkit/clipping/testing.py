@@ -1,4 +1,5 @@
-"""Check a fast-path layer rule against explicit per-example gradients (for custom layers).
+"""Check a fast-path layer rule against explicit per-example gradients (for custom layers), and
+measure by brute force how far one example moves a clipped sum (:func:`removal_sensitivity`).
 
     from tf_dpkit.clipping.testing import check_layer_rule
     check_layer_rule(MyLayer(...), inputs)   # raises AssertionError on a mismatch
@@ -86,3 +87,27 @@ def check_layer_rule(layer, inputs, num_microbatches=None, l2_norm_clip=None, rt
                                  err_msg=f"clipped sum ({how}) differs from the reference")
       errors.append(float(np.max(np.abs(got - want))))
   return {"norms": float(np.max(np.abs(fast_sq - ref_sq))), "clipped_sum": max(errors)}
+
+
+def removal_sensitivity(clipped_sum_fn, num_examples: int) -> float:
+  """``max_k ||S(D) - S(D minus example k)||_2``: what one example moves a clipped sum.
+
+  DP-SGD's noise is calibrated to this being at most ``C`` (the clip norm) for every data set
+  ``D`` and example ``k`` (add/remove neighbours).  Brute force: ``num_examples + 1`` calls.
+
+  Args:
+    clipped_sum_fn: ``f(keep) -> list of tensors``, the clipped sum over the examples whose
+      indices are in ``keep`` (an int array, ascending).
+    num_examples: the size of ``D``.
+
+  Returns:
+    The largest L2 distance (float64) between the full clipped sum and one with an example
+    removed.
+  """
+  def flat(keep):
+    return np.concatenate([np.asarray(tf.convert_to_tensor(g), np.float64).ravel()
+                           for g in clipped_sum_fn(keep)])
+  everyone = np.arange(num_examples)
+  full = flat(everyone)
+  return max(float(np.linalg.norm(full - flat(everyone[everyone != k])))
+             for k in range(num_examples))

@@ -19,6 +19,7 @@ import numbers
 import tensorflow as tf
 
 from tf_dpkit.clipping.clipped_sum import ClippedSum
+from tf_dpkit.clipping.per_example import assert_nonempty
 from tf_dpkit.optimizers.certificate import PrivateGradientCertificate
 from tf_dpkit.optimizers.dp_settings import DPSettings
 
@@ -100,8 +101,11 @@ class DPOptimizerBase:
           f"{type(self).__name__}.privatize takes the ClippedSum made by tf_dpkit's clipping "
           f"(e.g. tf_dpkit.private_gradients), got {type(clipped).__name__}: noising gradients "
           "that were not clipped per example would not be private.")
-    grads = self._dp.private_average(list(clipped.grads), tf.shape(clipped.losses)[0],
-                                     self._noise_step())
+    microbatches = tf.shape(clipped.losses)[0]
+    # The update must depend on this check: with an empty batch the average would be inf.
+    with tf.control_dependencies([assert_nonempty(microbatches)]):
+      clipped_grads = [None if g is None else tf.identity(g) for g in clipped.grads]
+    grads = self._dp.private_average(clipped_grads, microbatches, self._noise_step())
     if data_independent_grads is not None:
       extra = list(data_independent_grads)
       if len(extra) != len(grads):

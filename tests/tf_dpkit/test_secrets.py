@@ -1,0 +1,176 @@
+"""No secret (noise key, sampling seed) reaches a file: graphs, checkpoints, models, summaries.
+
+The secrets are fixed to distinctive 62-bit values and every byte written is searched for them
+in each encoding TensorFlow uses (little-/big-endian int64, protobuf varint, decimal text).
+Positive controls write the same value on purpose and must be found, so the search can fail.
+"""
+import os
+import zipfile
+
+import numpy as np
+import pytest
+import keras
+import tensorflow as tf
+
+import tf_dpkit
+from tf_dpkit.data import poisson_batches
+
+NOISE_KEY = 0x2F3A5B7C9D1E4F61
+SAMPLING_SEED = 0x1B2C3D4E5F607182
+
+
+def _varint(value):
+  out = bytearray()
+  while True:
+    byte = value & 0x7F
+    value >>= 7
+    if value:
+      out.append(byte | 0x80)
+    else:
+      out.append(byte)
+      return bytes(out)
+
+
+def _patterns(value):
+  return [value.to_bytes(8, "little"), value.to_bytes(8, "big"), _varint(value),
+          str(value).encode()]
+
+
+def _written_bytes(directory):
+  """Yields (path, bytes) of every file under ``directory``, zip members unpacked."""
+  for root, _, files in os.walk(directory):
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        data = f.read()
+      yield path, data
+      if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+          for member in archive.namelist():
+            yield f"{path}:{member}", archive.read(member)
+
+
+def _files_holding(directory, value):
+  return sorted({path for path, data in _written_bytes(directory)
+                 for pattern in _patterns(value) if pattern in data})
+
+
+def test_search_finds_a_constant_in_a_v1_meta_graph_and_a_variable_in_a_checkpoint(tmp_path):
+  """Positive control for the v1 search."""
+  with tf.Graph().as_default():
+    tf.constant(NOISE_KEY, tf.int64, name="control_constant")
+    v = tf.compat.v1.get_variable("control_variable", initializer=tf.constant(1, tf.int64))
+    assign = v.assign(SAMPLING_SEED)
+    saver = tf.compat.v1.train.Saver()
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      sess.run(assign)
+      saver.save(sess, str(tmp_path / "ckpt"))
+  assert any(p.endswith(".meta") for p in _files_holding(tmp_path, NOISE_KEY))
+  assert any(".data" in p for p in _files_holding(tmp_path, SAMPLING_SEED))
+
+
+def test_v1_saver_meta_graph_and_checkpoints_hold_no_noise_key(tmp_path):
+  # Was: the .meta held the key as a graph constant and the checkpoint the step counter, so
+  # the noise of every step could be recomputed and subtracted.
+  x = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
+  with tf.Graph().as_default():
+    w = tf.compat.v1.get_variable("w", initializer=tf.zeros([3, 1]))
+    loss = tf.reduce_sum(tf.square(tf.matmul(x, w) - 1.0), axis=1)
+    optimizer = tf_dpkit.v1.DPGradientDescentGaussianOptimizer(
+        l2_norm_clip=1.0, noise_multiplier=1.0, learning_rate=0.1, seed=NOISE_KEY)
+    train_op = optimizer.minimize(loss)
+    saver = tf.compat.v1.train.Saver()
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      for step in range(2):
+        sess.run(train_op)
+        saver.save(sess, str(tmp_path / "model"), global_step=step)
+      trained = sess.run(w)
+    tf.io.write_graph(tf.compat.v1.get_default_graph(), str(tmp_path), "graph.pbtxt")
+  assert np.all(np.isfinite(trained)) and np.any(trained != 0)
+  assert len(os.listdir(tmp_path)) >= 5
+  assert _files_holding(tmp_path, NOISE_KEY) == []
+
+
+def test_v1_noise_is_reproducible_from_the_seed_and_fresh_per_run():
+  def run_twice(seed):
+    with tf.Graph().as_default():
+      w = tf.compat.v1.get_variable("w", initializer=tf.zeros([4]))
+      loss = tf.reduce_sum(w[None, :] * tf.ones([2, 4]), axis=1)
+      optimizer = tf_dpkit.v1.DPGradientDescentGaussianOptimizer(
+          l2_norm_clip=1.0, noise_multiplier=1.0, learning_rate=1.0, seed=seed)
+      grads = optimizer.compute_gradients(loss, var_list=[w])[0][0]
+      with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        return sess.run(grads), sess.run(grads)
+  first, second = run_twice(NOISE_KEY)
+  again, _ = run_twice(NOISE_KEY)
+  np.testing.assert_array_equal(first, again)
+  assert np.all(first != second)
+
+
+def _fitted_model(tmp_path):
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(32, 3)).astype(np.float32)
+  y = rng.integers(0, 2, 32)
+  model = tf_dpkit.DPSequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
+                                 keras.layers.Dense(2)])
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(
+      1.0, 1.0, learning_rate=0.1, expected_batch_size=8.0, seed=NOISE_KEY),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  data = poisson_batches((x, y), expected_batch_size=8, steps=8, seed=SAMPLING_SEED)
+  backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"), delete_checkpoint=False)
+  model.fit(data, epochs=2, steps_per_epoch=4, verbose=0, callbacks=[backup])
+  return model, x, y
+
+
+def test_tf2_checkpoints_models_and_traces_hold_no_noise_key_or_sampling_seed(tmp_path):
+  model, x, y = _fitted_model(tmp_path)
+  model.save(str(tmp_path / "model.keras"))
+  tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(str(tmp_path / "ckpt" / "c"))
+  tf.saved_model.save(model, str(tmp_path / "saved_model"))
+
+  loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+  @tf.function
+  def train_step(xb, yb):
+    grads = tf_dpkit.private_gradients(model.optimizer, model, loss_fn, xb, yb)
+    model.optimizer.apply(grads, model.trainable_variables)
+
+  writer = tf.summary.create_file_writer(str(tmp_path / "trace"))
+  tf.summary.trace_on(graph=True)
+  train_step(x[:8], y[:8])
+  with writer.as_default():
+    tf.summary.trace_export("train_step", step=0)
+  writer.flush()
+  concrete = train_step.get_concrete_function(tf.TensorSpec([None, 3]), tf.TensorSpec([None], tf.int64))
+  (tmp_path / "graph_def.pb").write_bytes(concrete.graph.as_graph_def().SerializeToString())
+  assert len(list(_written_bytes(tmp_path))) > 10
+  assert _files_holding(tmp_path, NOISE_KEY) == []
+  assert _files_holding(tmp_path, SAMPLING_SEED) == []
+
+
+def test_tf2_search_finds_a_traced_constant_and_a_checkpointed_variable(tmp_path):
+  """Positive control for the TF2 search."""
+  @tf.function
+  def leaky(v):
+    return v + tf.constant(NOISE_KEY, tf.int64)
+
+  writer = tf.summary.create_file_writer(str(tmp_path / "trace"))
+  tf.summary.trace_on(graph=True)
+  leaky(tf.constant(1, tf.int64))
+  with writer.as_default():
+    tf.summary.trace_export("leaky", step=0)
+  writer.flush()
+  tf.train.Checkpoint(v=tf.Variable(SAMPLING_SEED, dtype=tf.int64)).save(str(tmp_path / "c"))
+  assert _files_holding(tmp_path / "trace", NOISE_KEY)
+  assert _files_holding(tmp_path, SAMPLING_SEED)
+
+
+def test_secrets_do_not_show_in_reprs_or_configs():
+  optimizer = tf_dpkit.DPAdamGaussianOptimizer(1.0, 1.0, learning_rate=0.1, seed=NOISE_KEY)
+  shown = repr(optimizer.get_config()) + repr(optimizer.dp_settings.noise_key)
+  assert str(NOISE_KEY) not in shown and "hidden" in repr(optimizer.dp_settings.noise_key)
+  from tf_dpkit.data.poisson import PoissonSampling
+  assert str(SAMPLING_SEED) not in repr(PoissonSampling(10, 0.5, 3, SAMPLING_SEED))
