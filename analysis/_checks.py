@@ -25,7 +25,7 @@ def _describe(value) -> str:
 
 def check_probability(name: str, value, *, allow_zero: bool = True) -> float:
   """Returns ``value`` as float; requires it in [0, 1] (or (0, 1] if not allow_zero)."""
-  value = check_real(name, value)
+  value = check_real(name, value, allow_nan=True)
   low_ok = value >= 0.0 if allow_zero else value > 0.0
   if not (low_ok and value <= 1.0):
     interval = "[0, 1]" if allow_zero else "(0, 1]"
@@ -33,13 +33,14 @@ def check_probability(name: str, value, *, allow_zero: bool = True) -> float:
   return value
 
 
-def check_real(name: str, value) -> float:
-  """Returns ``value`` as a float; requires a real, non-NaN number (inf allowed)."""
+def check_real(name: str, value, *, allow_nan: bool = False) -> float:
+  """Returns ``value`` as a float; requires a real number (inf allowed; NaN only if
+  ``allow_nan``, for callers whose range check then names the allowed interval)."""
   if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
     if not (isinstance(value, np.ndarray) and value.ndim == 0):
       raise ValueError(f"{name} must be a real number, got {_describe(value)}.")
   value = float(value)
-  if math.isnan(value):
+  if math.isnan(value) and not allow_nan:
     raise ValueError(f"{name} must not be NaN.")
   return value
 
@@ -62,7 +63,7 @@ def check_positive(name: str, value) -> float:
 
 def check_delta(name: str, value) -> float:
   """Returns ``value`` as float; requires it in the open interval (0, 1)."""
-  value = check_real(name, value)
+  value = check_real(name, value, allow_nan=True)
   if not 0.0 < value < 1.0:
     raise ValueError(f"{name} must be in (0, 1), got {_describe(value)}.")
   return value
@@ -174,10 +175,14 @@ def check_finite_nonnegative(name: str, value) -> float:
   return _check_finite_from(name, value, low_open=False)
 
 
-def check_integer(name: str, value, *, minimum: int, none_allowed: bool = False) -> int:
-  """Returns ``value`` as int; requires a Python/NumPy integer (not bool) >= ``minimum``."""
+def check_integer(name: str, value, *, minimum: int, maximum: int | None = None,
+                  none_allowed: bool = False) -> int:
+  """Returns ``value`` as int; requires a Python/NumPy integer (not bool, not a float) in
+  ``[minimum, maximum]`` (no upper bound when ``maximum`` is None)."""
   if (isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer))
-      or value < minimum):
+      or value < minimum or (maximum is not None and value > maximum)):
     also = "None or " if none_allowed else ""
-    raise ValueError(f"{name} must be {also}an integer >= {minimum}, got {_describe(value)}.")
+    top = "inf" if maximum is None else maximum
+    raise ValueError(f"{name} must be {also}an integer in [{minimum}, {top}], got "
+                     f"{_describe(value)}.")
   return int(value)

@@ -24,7 +24,7 @@ import warnings
 
 import keras
 
-from analysis import rdp_accountant
+from analysis import _checks, rdp_accountant
 
 SAMPLINGS = ("poisson", "shuffle")
 ACCOUNTANTS = ("rdp", "pld")
@@ -54,19 +54,8 @@ class Phase:
                 other.microbatch_size, other.steps_per_epoch)
 
 
-def _check_choice(name, value, allowed):
-  if value not in allowed:
-    raise ValueError(f"{name} must be one of {allowed}, got {value!r}.")
-
-
 def _is_real(value):
   return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _check_int(name, value, minimum):
-  if not (_is_real(value) and math.isfinite(value) and int(value) == value and value >= minimum):
-    raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-  return int(value)
 
 
 class PrivacyAccountant:
@@ -79,9 +68,8 @@ class PrivacyAccountant:
   """
 
   def __init__(self, delta: float, accountant: str = "rdp"):
-    if not (_is_real(delta) and 0 < delta < 1):
-      raise ValueError(f"delta must be in (0, 1), got {delta!r}.")
-    _check_choice("accountant", accountant, ACCOUNTANTS)
+    _checks.check_delta("delta", delta)
+    _checks.check_choice("accountant", accountant, ACCOUNTANTS)
     self.delta = float(delta)
     self.accountant = accountant
     self.phases: list[Phase] = []
@@ -104,17 +92,15 @@ class PrivacyAccountant:
       microbatch_size: examples per microbatch (>= 1).
       steps_per_epoch: required for ``"shuffle"``: batches per pass over the data.
     """
-    if not (_is_real(sampling_probability) and 0 < sampling_probability <= 1):
-      raise ValueError(f"sampling_probability must be in (0, 1], got {sampling_probability!r}.")
-    if not (_is_real(noise_multiplier) and noise_multiplier >= 0):
-      raise ValueError(f"noise_multiplier must be >= 0 (inf allowed), got {noise_multiplier!r}.")
-    steps = _check_int("steps", steps, 0)
-    _check_choice("sampling", sampling, SAMPLINGS)
-    microbatch_size = _check_int("microbatch_size", microbatch_size, 1)
+    _checks.check_probability("sampling_probability", sampling_probability, allow_zero=False)
+    _checks.check_nonnegative("noise_multiplier", noise_multiplier)
+    steps = _checks.check_count("steps", steps, minimum=0)
+    _checks.check_choice("sampling", sampling, SAMPLINGS)
+    microbatch_size = _checks.check_count("microbatch_size", microbatch_size, minimum=1)
     if sampling == "shuffle" and steps_per_epoch is None:
       raise ValueError("sampling='shuffle' needs steps_per_epoch (an integer >= 1).")
     if steps_per_epoch is not None:
-      steps_per_epoch = _check_int("steps_per_epoch", steps_per_epoch, 1)
+      steps_per_epoch = _checks.check_count("steps_per_epoch", steps_per_epoch, minimum=1)
     phase = Phase(float(sampling_probability), float(noise_multiplier), steps, sampling,
                   microbatch_size, steps_per_epoch)
     if self.phases and self.phases[-1].same_kind(phase):
@@ -195,8 +181,8 @@ class PrivacyBudget(keras.callbacks.Callback):
                sampling="poisson", steps_per_epoch=None, batch_size=None, accountant="rdp",
                verbose=True):
     super().__init__()
-    if target_epsilon is not None and not (_is_real(target_epsilon) and target_epsilon > 0):
-      raise ValueError(f"target_epsilon must be > 0, got {target_epsilon!r}.")
+    if target_epsilon is not None:
+      _checks.check_positive("target_epsilon", target_epsilon)
     if isinstance(accountant, PrivacyAccountant):
       if delta is not None and delta != accountant.delta:
         raise ValueError(f"delta={delta!r} differs from the given accountant's delta="
@@ -322,8 +308,8 @@ def noise_multiplier_for_budget(target_epsilon, delta, dataset_size, batch_size,
     microbatch_size: examples per microbatch, integer >= 1.
   """
   from analysis import calibration  # pylint: disable=g-import-not-at-top
-  _check_choice("sampling", sampling, SAMPLINGS)
-  microbatch_size = _check_int("microbatch_size", microbatch_size, 1)
+  _checks.check_choice("sampling", sampling, SAMPLINGS)
+  microbatch_size = _checks.check_count("microbatch_size", microbatch_size, minimum=1)
   if sampling == "poisson":
     sigma = calibration.compute_noise_multiplier_for_training(
         target_epsilon, delta, dataset_size, batch_size, epochs, accountant=accountant)

@@ -218,7 +218,7 @@ def test_factory_rejects_non_optimizer_classes(bad):
     (dict(l2_norm_clip=float("nan"), noise_multiplier=1.0), r"l2_norm_clip"),
     (dict(l2_norm_clip=1.0, noise_multiplier=-0.5), r"noise_multiplier must be a finite number in \[0, inf\)"),
     (dict(l2_norm_clip=1.0, noise_multiplier=float("nan")), r"noise_multiplier"),
-    (dict(l2_norm_clip=1.0, noise_multiplier=1.0, num_microbatches=0), r"num_microbatches must be None or an integer >= 1"),
+    (dict(l2_norm_clip=1.0, noise_multiplier=1.0, num_microbatches=0), r"num_microbatches must be None or an integer in \[1, inf\]"),
     (dict(l2_norm_clip=1.0, noise_multiplier=1.0, num_microbatches=2.5), r"num_microbatches"),
     (dict(l2_norm_clip=1.0, noise_multiplier=1.0, seed=-3), r"seed must be None or an integer"),
     (dict(l2_norm_clip=1.0, noise_multiplier=1.0, expected_batch_size=-2), r"expected_batch_size"),

@@ -71,12 +71,11 @@ from __future__ import annotations
 import dataclasses
 import fractions
 import math
-import numbers
 import secrets
-from typing import Any
 
 import tensorflow as tf
 
+from analysis import _checks
 from tf_dpkit import noise as noise_lib
 
 # Second seed words, so the Poisson and the shuffle pipelines draw unrelated streams even when
@@ -85,24 +84,6 @@ _POISSON_STREAM = 0x504F4953  # "POIS"
 _SHUFFLE_STREAM = 0x53485546  # "SHUF"
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _ALG = "philox"  # pinned, so batches do not depend on the device "auto_select" would pick
-
-
-def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
-  """Returns ``value`` as int after checking it is an integer (not bool) in [low, high]."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-    raise ValueError(f"{name} must be an integer in [{low}, {'inf' if high is None else high}], "
-                     f"got {value!r}.")
-  value = int(value)
-  if value < low or (high is not None and value > high):
-    raise ValueError(f"{name} must be an integer in [{low}, {'inf' if high is None else high}], "
-                     f"got {value}.")
-  return value
-
-
-def _check_real(name: str, value: Any) -> float:
-  if isinstance(value, bool) or not isinstance(value, numbers.Real):
-    raise ValueError(f"{name} must be a real number, got {value!r}.")
-  return float(value)
 
 
 def _as_arrays(data) -> tuple[tuple[tf.Tensor, ...], int]:
@@ -164,12 +145,11 @@ class PoissonSampling:
   seed: int = dataclasses.field(repr=False)
 
   def __post_init__(self):
-    n = _check_int("num_examples", self.num_examples, 1)
-    q = _check_real("sampling_probability", self.sampling_probability)
-    if not 0.0 < q <= 1.0:
-      raise ValueError(f"sampling_probability must be in (0, 1], got {q}.")
-    steps = _check_int("steps", self.steps, 1)
-    seed = _check_int("seed", self.seed, _INT64_MIN, _INT64_MAX)
+    n = _checks.check_integer("num_examples", self.num_examples, minimum=1)
+    q = _checks.check_probability("sampling_probability", self.sampling_probability,
+                                  allow_zero=False)
+    steps = _checks.check_integer("steps", self.steps, minimum=1)
+    seed = _checks.check_integer("seed", self.seed, minimum=_INT64_MIN, maximum=_INT64_MAX)
     object.__setattr__(self, "num_examples", n)
     object.__setattr__(self, "sampling_probability", q)
     object.__setattr__(self, "steps", steps)
@@ -180,8 +160,8 @@ class PoissonSampling:
   def from_expected_batch_size(cls, num_examples: int, expected_batch_size: float, *, steps: int,
                                seed: int) -> PoissonSampling:
     """Sampling with ``q = expected_batch_size / num_examples``; needs ``0 < expected <= N``."""
-    n = _check_int("num_examples", num_examples, 1)
-    b = _check_real("expected_batch_size", expected_batch_size)
+    n = _checks.check_integer("num_examples", num_examples, minimum=1)
+    b = _checks.check_real("expected_batch_size", expected_batch_size, allow_nan=True)
     if not 0.0 < b <= n:
       raise ValueError(f"expected_batch_size must be in (0, num_examples] = (0, {n}], got {b}.")
     return cls(n, min(1.0, b / n), steps, seed)
@@ -340,9 +320,10 @@ def shuffled_batches(data, batch_size: int, epochs: int, seed: int | None = None
       not an int64 integer, or arrays with different first dimensions.
   """
   tensors, n = _as_arrays(data)
-  batch_size = _check_int("batch_size", batch_size, 1, n)
-  epochs = _check_int("epochs", epochs, 1)
-  seed = _check_int("seed", secret_seed() if seed is None else seed, _INT64_MIN, _INT64_MAX)
+  batch_size = _checks.check_integer("batch_size", batch_size, minimum=1, maximum=n)
+  epochs = _checks.check_integer("epochs", epochs, minimum=1)
+  seed = _checks.check_integer("seed", secret_seed() if seed is None else seed,
+                               minimum=_INT64_MIN, maximum=_INT64_MAX)
   base_seed = _seed_pair(noise_lib.SecretInt(seed).prepare(), _SHUFFLE_STREAM)
 
   def epoch_batches(epoch):

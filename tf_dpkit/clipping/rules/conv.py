@@ -25,10 +25,9 @@ def _gather_indices(size, kernel, stride, dilation, padding):
 def unfold_patches(x, kernel_hw, strides, dilations, padding):
   """Conv patches of x [B,H,W,C] as [B, S, kh*kw*C] in the kernel's (kh, kw, C) order.
 
-  Two ways, chosen by channels (measured on the 2-core CPU for the MNIST CNN): with few channels
-  a convolution by an identity kernel (one dense conv, B*S*(kh kw C)^2 multiply-adds) beat a
-  gather of single floats (2.9 ms vs 11.5 ms at C=1); with C >= 4 gathering whole channel
-  vectors wins (0.9 ms vs 5.7 ms at C=16).
+  Two ways, chosen by channels: with fewer than 4 channels a convolution by an identity kernel
+  (one dense conv, ``B S (kh kw C)^2`` multiply-adds), otherwise a gather of whole channel
+  vectors (``B S kh kw C`` copies), whichever the benchmarks found faster on CPU.
   """
   channels = static(x.shape[-1])
   kh, kw = int(kernel_hw[0]), int(kernel_hw[1])
@@ -126,10 +125,8 @@ def conv_rule(layer, inputs):
 
   channels = static(x.shape[-1])
   # Few input channels would be unfolded by an identity convolution of cost B S (kh kw C)^2;
-  # with oneDNN the depthwise filter-gradient op gives the per-example gradients faster up to
-  # a batch of _MAX_FILTER_BACKPROP_BATCH (MNIST CNN first layer, 2-core AMD EPYC, oneDNN:
-  # 6.7 vs 11.3 ms at 256, 10.9 vs 18.9 ms at 768, but 38 vs 25 ms at 1024); without oneDNN
-  # it is always slower (78 vs 26 ms at 256).
+  # with oneDNN the depthwise filter-gradient op gives the per-example gradients faster up to a
+  # batch of _MAX_FILTER_BACKPROP_BATCH, and without oneDNN it is slower (benchmarks/).
   filter_backprop = (channels is not None and channels < 4 and dilations == [1, 1] and
                      strides[0] == strides[1] and onednn_enabled())
 
