@@ -63,8 +63,9 @@ class PrivacyAccountant:
 
   Args:
     delta: target delta in (0, 1) for :meth:`epsilon`.
-    accountant: ``"rdp"`` (Renyi DP, optimal order searched over the reals) or ``"pld"``
-      (privacy loss distributions: tighter, slower).
+    accountant: ``"rdp"`` (Renyi DP over ``rdp_accountant.DEFAULT_ORDERS``) or ``"pld"``
+      (privacy loss distributions, slower; the smaller of the PLD and the RDP bound, see
+      ``analysis.pld_accountant.compute_epsilon_with_rdp_cap``).
   """
 
   def __init__(self, delta: float, accountant: str = "rdp"):
@@ -121,7 +122,7 @@ class PrivacyAccountant:
     qs, sigmas, counts = (list(column) for column in zip(*mechanisms))
     if self.accountant == "pld":
       from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
-      return float(pld_accountant.compute_epsilon_heterogeneous(qs, sigmas, counts, delta))
+      return pld_accountant.compute_epsilon_with_rdp_cap(qs, sigmas, counts, delta).epsilon
     orders = rdp_accountant.DEFAULT_ORDERS
     rdp = rdp_accountant.compute_heterogeneous_rdp(qs, sigmas, counts, orders)
     with warnings.catch_warnings():

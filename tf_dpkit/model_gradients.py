@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tf_dpkit.clipping.examples import per_example_loss_function, per_example_weights
+from tf_dpkit.clipping.examples import (per_example_loss_function, per_example_weights,
+                                        pfor_is_safe)
 from tf_dpkit.clipping.fast_path import (check_examples_independent, clipped_sum_fast,
                                          fast_path_available)
 from tf_dpkit.clipping.per_example import clipped_sum_vectorized
@@ -59,7 +60,8 @@ def clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_no
     return per_example * tf.cast(w_mb, per_example.dtype), y_pred
 
   return clipped_sum_vectorized(microbatch_loss, (x, y, sample_weight),
-                                model.trainable_variables, l2_norm_clip, num_microbatches)
+                                model.trainable_variables, l2_norm_clip, num_microbatches,
+                                vectorize=pfor_is_safe([model]))
 
 
 def private_gradients(optimizer, model, per_example_loss_fn, x, y, sample_weight=None,

@@ -288,3 +288,64 @@ def test_mixed_float16_refusal_recommends_a_policy_that_works():
                     loss="mse")
   finally:
     keras.mixed_precision.set_global_policy("float32")
+
+
+class DenseCell(keras.layers.Layer):
+  """A recurrent cell whose weights live in a Dense sublayer (built on its first real call)."""
+
+  def __init__(self, **kwargs):
+    super().__init__(**kwargs)
+    self.state_size = 4
+    self.dense = keras.layers.Dense(4, activation="tanh")
+
+  def call(self, x, states):
+    h = self.dense(tf.concat([x, states[0]], -1))
+    return h, [h]
+
+
+class TimeMajorDense(keras.layers.Layer):
+  """Calls a Dense sublayer on time-major inputs: its leading axis is not the batch."""
+
+  def __init__(self, **kwargs):
+    super().__init__(**kwargs)
+    self.dense = keras.layers.Dense(3)
+
+  def call(self, x):
+    return tf.transpose(self.dense(tf.transpose(x, [1, 0, 2])), [1, 0, 2])
+
+
+def _sequence_batch(n=4):
+  return (tf.constant(RNG.normal(size=(n, 5, 3)).astype(np.float32) * 3),
+          tf.constant(RNG.integers(0, 3, n)))
+
+
+def test_weights_created_during_the_step_are_refused_then_bounded_once_built():
+  model = keras.Sequential([keras.Input((5, 3)), keras.layers.RNN(DenseCell()),
+                            keras.layers.Dense(3)])
+  x, y = _sequence_batch()
+  with pytest.raises(ValueError, match="created the trainable variables"):
+    clipped_sum_for_model(model, SCE, x, y, None, C, None, "fast")
+  model(x)  # now every weight exists
+  for method in METHODS:
+    assert C * 0.5 < model_sensitivity(model, SCE, x, y, method) <= C * (1 + TOL)
+
+
+def test_dp_fit_builds_sublayers_that_a_symbolic_build_leaves_unbuilt():
+  model = tf_dpkit.DPSequential([keras.Input((5, 3)), keras.layers.RNN(DenseCell()),
+                                 keras.layers.Dense(3)])
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(C, 0.0, learning_rate=0.5, seed=0),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  x, y = _sequence_batch()
+  model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+  assert len(model.trainable_variables) == 4
+  before = [w.copy() for w in model.get_weights()]
+  model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+  assert all(np.any(a != b) for a, b in zip(before, model.get_weights()))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_composite_calling_a_ruled_sublayer_time_major_is_bounded(method):
+  model = keras.Sequential([keras.Input((5, 3)), TimeMajorDense(), keras.layers.Flatten(),
+                            keras.layers.Dense(3)])
+  x, y = _sequence_batch()
+  assert C * 0.5 < model_sensitivity(model, SCE, x, y, method) <= C * (1 + TOL)

@@ -116,8 +116,18 @@ def calls_replaced(layers_and_calls):
       object.__delattr__(layer, "call")
 
 
+def unbuilt_layers(model):
+  """Names of ``model``'s layers (nested ones too) whose weights do not exist yet."""
+  return [layer.name for layer in sublayers(model, include_self=True) if not layer.built]
+
+
 def build_from_batch(model, data) -> None:
   """Builds an unbuilt model (and its compiled loss, metrics and optimizer) from one batch, as
-  Keras ``fit`` does before the first step (a Sequential model without ``Input``)."""
-  if not all(layer.built for layer in sublayers(model, include_self=True)):
+  Keras ``fit`` does before the first step (a Sequential model without ``Input``).  Layers that a
+  symbolic build leaves unbuilt (a sublayer first called inside a recurrent cell's loop) are
+  built by one forward pass whose output is discarded."""
+  if unbuilt_layers(model):
     model._symbolic_build(data_batch=data)  # pylint: disable=protected-access
+  if unbuilt_layers(model):
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+    model(x, training=False)

@@ -136,24 +136,38 @@ def per_example_weights(sample_weight, batch) -> tf.Tensor:
   return tf.cast(tf.reshape(sample_weight, [batch]), tf.float32)
 
 
-def map_examples(fn, elems):
+def pfor_is_safe(layers) -> bool:
+  """False when vectorising ``layers`` with ``pfor`` is known to crash the process: under
+  oneDNN, TensorFlow 2.21's kernels for the batched einsums ``pfor`` makes of ``EinsumDense``
+  (and so ``MultiHeadAttention``) corrupt memory and abort."""
+  from tf_dpkit.clipping.rules.conv import onednn_enabled  # pylint: disable=g-import-not-at-top
+  if not onednn_enabled():
+    return True
+  return not any(isinstance(sub, keras.layers.EinsumDense)
+                 for layer in layers for sub in _keras_internals.sublayers(layer, True))
+
+
+def map_examples(fn, elems, vectorize=True):
   """``tf.stack([fn(e) for e in unstack(elems)])`` with each example computed alone.
 
   Uses ``tf.vectorized_map``; when ``pfor`` cannot vectorise ``fn`` (it raises while tracing,
-  as for masked recurrent layers), falls back to ``tf.map_fn``, whose output signature is read
-  from ``fn`` applied to the first example.
+  as for masked recurrent layers) or ``vectorize`` is False (see :func:`pfor_is_safe`), uses
+  ``tf.map_fn``, whose output signature is read from ``fn`` applied to the first example.
 
   Args:
     fn: maps one example (the structure of ``elems`` without the leading axis) to a nest of
       tensors.
     elems: nest of tensors sharing the leading (batch) dimension.
+    vectorize: whether to try ``tf.vectorized_map`` first.
   """
-  try:
-    return tf.vectorized_map(fn, elems)
-  except (TypeError, ValueError, NotImplementedError, tf.errors.OpError, LookupError):
-    first = tf.nest.map_structure(lambda t: t[0], elems)
-    signature = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), fn(first))
-    return tf.map_fn(fn, elems, fn_output_signature=signature)
+  if vectorize:
+    try:
+      return tf.vectorized_map(fn, elems)
+    except (TypeError, ValueError, NotImplementedError, tf.errors.OpError, LookupError):
+      pass
+  first = tf.nest.map_structure(lambda t: t[0], elems)
+  signature = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), fn(first))
+  return tf.map_fn(fn, elems, fn_output_signature=signature)
 
 
 def per_example_loss_function(loss_fn):

@@ -35,7 +35,7 @@ import tensorflow as tf
 from tf_dpkit.clipping import _keras_internals as internals
 from tf_dpkit.clipping.clipped_sum import clip_factors, issue_clipped_sum
 from tf_dpkit.clipping.examples import (isolated_per_example_losses, map_examples,
-                                        per_example_weights)
+                                        per_example_weights, pfor_is_safe)
 from tf_dpkit.clipping.per_example import assert_nonempty
 from tf_dpkit.clipping.rules import LayerTrace, group_examples, lookup_rule
 
@@ -156,7 +156,8 @@ def _replayed_trace(layer, call, call_args, call_kwargs, outputs, batch):
 
   def squared_norms(g, num_groups):
     with tf.control_dependencies(checks):
-      grads = map_examples(per_example, ([flat_call[i] for i in batched], list(g)))
+      grads = map_examples(per_example, ([flat_call[i] for i in batched], list(g)),
+                           vectorize=pfor_is_safe([layer]))
     cache["grouped"] = [tf.reduce_sum(group_examples(grad[:, None], num_groups), axis=1)
                         for grad in grads]
     return tf.add_n([tf.reduce_sum(tf.reshape(tf.square(grad), [num_groups, -1]), axis=1)
@@ -167,12 +168,21 @@ def _replayed_trace(layer, call, call_args, call_kwargs, outputs, batch):
   return LayerTrace(outputs, watched, squared_norms, clipped_sum)
 
 
+# Composite layers (exact classes) known to call each sublayer once, on batch-major inputs whose
+# leading axis is the batch, outside any loop: only these run their sublayers by rule.  Any other
+# composite (e.g. an RNN whose cell holds a Dense: the cell runs inside a while loop) is replayed.
+_COMPOSITES_WITH_RULED_SUBLAYERS = (keras.layers.MultiHeadAttention,)
+
+
 def _rule_covered_sublayers(layer):
   """Sublayers with rules that together own all of ``layer``'s trainable variables, or None.
 
-  Composite layers such as ``MultiHeadAttention`` (four ``EinsumDense`` sublayers) are then run
-  as they are, with those sublayers executed by their rules.
+  Only for the composites in ``_COMPOSITES_WITH_RULED_SUBLAYERS`` (``MultiHeadAttention``: four
+  ``EinsumDense`` sublayers), which are then run as they are, with those sublayers executed by
+  their rules.
   """
+  if type(layer) not in _COMPOSITES_WITH_RULED_SUBLAYERS:
+    return None
   covered, subs = set(), []
   for sub in internals.sublayers(layer):
     if sub.trainable_variables and lookup_rule(sub) is not None and not any(
@@ -184,7 +194,7 @@ def _rule_covered_sublayers(layer):
   return None
 
 
-def _call_with_rules(layer, subs, default_call, args, kwargs, records):
+def _call_with_rules(layer, subs, default_call, args, kwargs, records, batch):
   """Calls ``layer`` with each of ``subs`` executed (and recorded) by its rule, or returns
   None (nothing recorded) when a rule declines."""
   start = len(records)
@@ -194,7 +204,11 @@ def _call_with_rules(layer, subs, default_call, args, kwargs, records):
     rule = lookup_rule(sub)
 
     def call(inputs, *unused_args, **unused_kwargs):
-      trace = _run_rule(rule, sub, inputs)
+      check = tf.debugging.assert_equal(
+          tf.shape(inputs)[0], batch, message=f"Sublayer {sub.name!r} of {layer.name!r} was "
+          "called on inputs whose leading axis is not the batch")
+      with tf.control_dependencies([check]):
+        trace = _run_rule(rule, sub, inputs)
       if trace is None:
         declined.append(sub.name)
         raise NotImplementedError(f"The rule for {sub.name!r} declined its configuration.")
@@ -262,6 +276,7 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
     x, y, sample_weight = tf.nest.map_structure(tf.identity, (x, y, sample_weight))
   per_group = tf.cast(batch // groups, tf.float32)
   records = []
+  variables_before = {id(v) for v in model.trainable_variables}
 
   def operation_fn(layer):
     default = internals.training_call(layer)
@@ -277,7 +292,7 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
           return trace.outputs
       subs = _rule_covered_sublayers(layer)
       if subs is not None:
-        outputs = _call_with_rules(layer, subs, default, args, kwargs, records)
+        outputs = _call_with_rules(layer, subs, default, args, kwargs, records, batch)
         if outputs is not None:
           return outputs
       with internals.recording_call(layer) as (calls, original_call):
@@ -296,6 +311,13 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
     per_example *= tf.cast(sample_weight, per_example.dtype)
     total = tf.reduce_sum(per_example) / tf.cast(per_group, per_example.dtype)
   _check_records_own_distinct_variables(records)
+  created = [v.path for v in model.trainable_variables if id(v) not in variables_before]
+  if created:
+    raise ValueError(
+        f"The model created the trainable variables {created} during this step (a sublayer is "
+        "built on its first call), so their per-example gradients were not clipped. Call the "
+        "model once on a batch before training (DPModel.fit does this) so that every weight "
+        "exists.")
   output_grads = tape.gradient(total, [trace.watched for _, trace in records],
                                unconnected_gradients=tf.UnconnectedGradients.ZERO)
   squared = tf.add_n([tf.cast(trace.squared_norms(g, groups), tf.float32)

@@ -138,7 +138,8 @@ def _to_microbatches(tensor, num_microbatches):
   return tf.reshape(tensor, tf.concat([leading, rest], 0))
 
 
-def clipped_sum_vectorized(loss_fn, inputs, var_list, l2_norm_clip, num_microbatches=None):
+def clipped_sum_vectorized(loss_fn, inputs, var_list, l2_norm_clip, num_microbatches=None,
+                           vectorize=True):
   """Clipped sum of per-microbatch gradients, mapping ``loss_fn`` over microbatches.
 
   Args:
@@ -150,6 +151,7 @@ def clipped_sum_vectorized(loss_fn, inputs, var_list, l2_norm_clip, num_microbat
     var_list: variables to differentiate.
     l2_norm_clip: clip norm C > 0.
     num_microbatches: ``None`` (per example, any B) or an int M dividing B.
+    vectorize: False maps with ``tf.map_fn`` only (see ``examples.pfor_is_safe``).
 
   Returns:
     ``(ClippedSum, aux)`` with ``aux`` re-assembled to leading dimension B.
@@ -174,7 +176,7 @@ def clipped_sum_vectorized(loss_fn, inputs, var_list, l2_norm_clip, num_microbat
     grads = tape.gradient(loss, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     return grads, loss, aux
 
-  grads, losses, aux = map_examples(per_microbatch, microbatched)
+  grads, losses, aux = map_examples(per_microbatch, microbatched, vectorize)
   summed, norms = clip_and_sum(grads, l2_norm_clip)
   aux = tf.nest.map_structure(
       lambda t: tf.reshape(t, tf.concat([[-1], tf.shape(t)[2:]], 0)), aux)
