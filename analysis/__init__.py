@@ -2,7 +2,9 @@
 
 Modules:
   rdp_accountant          Renyi-DP of the (sub)sampled Gaussian mechanism and conversion to (eps, delta).
-  pld_accountant          Privacy-loss-distribution (FFT) accounting, tighter than RDP.
+  pld_accountant          Privacy-loss-distribution (FFT) accounting; tighter than RDP unless
+                          its grid is coarsened (very many steps): the "pld" accountant
+                          reports min(PLD, RDP).
   calibration             Noise multiplier for a target (eps, delta).
   compute_dp_sgd_privacy  Library function and command-line tool for a DP-SGD run.
 """

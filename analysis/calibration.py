@@ -18,7 +18,11 @@ overall; see ``_epsilon_function``).
 
 The accountant is either the RDP accountant (:mod:`analysis.rdp_accountant`, tight RDP-to-DP
 conversion over the given orders) or the PLD accountant (:mod:`analysis.pld_accountant`,
-imported lazily).  No TensorFlow import.
+imported lazily), whose epsilon is the smaller of the PLD and the RDP bound
+(``pld_accountant.compute_epsilon_with_rdp_cap``: PLD unless its grid had to be coarsened for
+very many steps).  Both decrease with sigma (the RDP one up to its order search's tolerance),
+and the sigma returned is always one whose evaluated epsilon meets the budget.  No TensorFlow
+import.
 """
 from __future__ import annotations
 
@@ -44,12 +48,12 @@ _ORDER_WINDOW = 6
 
 
 def _epsilon_function(q: float, steps: int, delta: float, accountant: str, orders):
-  """sigma -> epsilon (nats, upper bound) for the chosen accountant."""
+  """sigma -> epsilon (nats, upper bound) for the chosen accountant ("pld": min(PLD, RDP))."""
   if accountant == "pld":
     from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
 
     def eps_pld(sigma: float) -> float:
-      return float(pld_accountant.compute_epsilon(q, sigma, steps, delta))
+      return pld_accountant.compute_epsilon_with_rdp_cap([q], [sigma], [steps], delta).epsilon
 
     return eps_pld
 
@@ -107,7 +111,8 @@ def compute_noise_multiplier(target_epsilon: float, target_delta: float,
     target_delta: delta in (0, 1).
     sampling_probability: q in [0, 1].
     steps: number of steps, an integer in [0, 2**53] for "rdp", [0, 1e10] for "pld".
-    accountant: "rdp" (default) or "pld".
+    accountant: "rdp" (default) or "pld" (epsilon = min of the PLD and the RDP bound, see the
+      module docstring).
     orders: RDP orders (non-empty, each in (1, 1e6] or inf) for accountant="rdp"; default
       ``rdp_accountant.DEFAULT_ORDERS``.  Must be None with "pld" (which has no orders).
     tolerance: relative tolerance on sigma, in (0, 1); default 1e-4.

@@ -58,6 +58,28 @@ the grid would need more than ``_MAX_GRID_SIZE`` points (tiny noise or very many
 interval ``h`` is enlarged until it fits; the result is then still an upper bound, only less
 tight.
 
+Range of validity against RDP, and the RDP cap
+----------------------------------------------
+The grid is tight (excess second order in h) only while h is small against the spread of the
+one-step privacy loss, about ``s = q sqrt(exp(1 / sigma^2) - 1)`` nats (its standard deviation
+under Q for small q; ~ q / sigma for sigma >= 2).  The composed grid holds at most 2**22 points
+and its Chernoff window widens linearly with the number of steps ``T`` (the bound K places
+blocks of ~n / 4096 grid points at their worst end, so ``T K`` overshoots by up to ``T`` block
+widths), so beyond some millions of steps h is enlarged roughly in proportion to ``T``
+(:attr:`PLDAccountant.value_discretization_interval_used`) and the bound loosens until the RDP
+bound is the smaller one.  In every setting measured (q from 1e-3 to 1, sigma from 1 to 100,
+up to 1e9 steps, delta = 1e-5) PLD was tighter wherever the h used was at most s / 2, and RDP
+wherever it was at least s.  With q = 256 / 60000, sigma = 1.1 and delta = 1e-5 (MNIST, batch
+256; s = 0.0046), against RDP with the order optimised over the reals: PLD 2.382 against 2.597
+at 60 epochs (h = 1e-4), 158.5 against 159.6 at 35,000 epochs (8,203,125 steps, h = 0.0023),
+but 178.1 against 177.7 at 40,000 epochs (h = 0.0027), 218.5 against 213.2 at 50,000 and
+23,722 against 3,073 at 1,000,000 epochs (h = 0.065; RDP over DEFAULT_ORDERS, which
+``--accountant=rdp`` reports, gives 3,451 there).  Both are valid
+upper bounds, so :func:`compute_epsilon_with_rdp_cap` returns the smaller of the PLD epsilon
+and the RDP epsilon; that is the number the command line, ``analysis.calibration`` and
+``tf_dpkit.budget`` use for the accountant "pld".  :func:`compute_epsilon`,
+:func:`compute_epsilon_heterogeneous` and :class:`PLDAccountant` return the PLD bound alone.
+
 Supported ranges
 ----------------
 * ``noise_multiplier`` in [0, inf].  Inside [1e-3, 1e12] the mechanism is discretised as
@@ -89,13 +111,15 @@ No TensorFlow import; numpy and scipy only.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+import warnings
+from typing import NamedTuple, Sequence
 
 import numpy as np
 from scipy import fft as sp_fft
 from scipy import signal as sp_signal
 from scipy import special
 
+from analysis import rdp_accountant
 from analysis._checks import (check_delta, check_finite_positive, check_nonnegative,
                               check_probability, check_same_length, check_steps)
 
@@ -104,10 +128,12 @@ __all__ = [
     "MAX_STEPS",
     "MAX_VALUE_DISCRETIZATION_INTERVAL",
     "MIN_NOISE_MULTIPLIER",
+    "CappedEpsilon",
     "PLDAccountant",
     "compute_delta",
     "compute_epsilon",
     "compute_epsilon_heterogeneous",
+    "compute_epsilon_with_rdp_cap",
 ]
 
 # Total probability mass that truncation / wrap-around may add to delta (see module docstring).
@@ -759,3 +785,79 @@ def compute_epsilon_heterogeneous(sampling_probabilities: Sequence[float],
         names=(f"sampling_probabilities[{i}]", f"noise_multipliers[{i}]", f"steps_list[{i}]"))
     accountant.compose(q, sigma, count)
   return accountant.get_epsilon(delta)
+
+
+class CappedEpsilon(NamedTuple):
+  """Result of :func:`compute_epsilon_with_rdp_cap` (all epsilons in nats, in [0, inf]).
+
+  Attributes:
+    epsilon: min(pld_epsilon, rdp_epsilon), a valid epsilon at the given delta.
+    pld_epsilon: the PLD bound (:func:`compute_epsilon_heterogeneous`).
+    rdp_epsilon: the RDP bound (see :func:`compute_epsilon_with_rdp_cap`).
+    rdp_order: the Renyi order attaining ``rdp_epsilon`` (None if it is inf or 0 without one).
+    from_rdp: True when ``rdp_epsilon < pld_epsilon``, i.e. ``epsilon`` is the RDP bound.
+  """
+  epsilon: float
+  pld_epsilon: float
+  rdp_epsilon: float
+  rdp_order: float | None
+  from_rdp: bool
+
+
+def _rdp_epsilon(phases, delta: float):
+  """(eps, order) of the RDP accountant for [(q, sigma, steps)] phases (steps > 0, q > 0).
+
+  One phase: order optimised over the reals (``get_privacy_spent_optimal_order``, never worse
+  than DEFAULT_ORDERS).  Several: sum of the phases' RDP on DEFAULT_ORDERS, best order.
+  """
+  if not phases:
+    return 0.0, None
+  if len(phases) == 1:
+    (q, sigma, count), = phases
+    eps, _, order = rdp_accountant.get_privacy_spent_optimal_order(q, sigma, count,
+                                                                   target_delta=delta)
+    return float(eps), order
+  orders = rdp_accountant.DEFAULT_ORDERS
+  qs, sigmas, counts = (list(column) for column in zip(*phases))
+  rdp = rdp_accountant.compute_heterogeneous_rdp(qs, sigmas, counts, orders)
+  with warnings.catch_warnings():
+    # An optimum at the end of the orders is still a valid (if looser) bound.
+    warnings.simplefilter("ignore", rdp_accountant.OrderAtBoundaryWarning)
+    eps, _, order = rdp_accountant.get_privacy_spent(orders, rdp, target_delta=delta)
+  return float(eps), order
+
+
+def compute_epsilon_with_rdp_cap(sampling_probabilities: Sequence[float],
+                                 noise_multipliers: Sequence[float],
+                                 steps_list: Sequence[int], delta: float, *,
+                                 value_discretization_interval: float = 1e-4) -> CappedEpsilon:
+  """The smaller of the PLD and the RDP epsilon of consecutive DP-SGD phases.
+
+  Phases and ranges as in :func:`compute_epsilon_heterogeneous` (Poisson sampling, add-or-
+  remove-one adjacency, at most 1e10 steps in total, delta in (0, 1)).  Both bounds are valid
+  upper bounds on the same epsilon, so their minimum is one too.  PLD is the tighter one while
+  the grid spacing actually used stays below about half the one-step loss spread (see "Range of
+  validity against RDP" in the module docstring: e.g. up to ~35,000 epochs of MNIST, batch 256
+  and sigma 1.1); past that the RDP bound takes over.  The RDP bound is
+  ``rdp_accountant.get_privacy_spent_optimal_order`` (order optimised over the reals) for a
+  single (q, sigma) phase, else the summed RDP of the phases over
+  ``rdp_accountant.DEFAULT_ORDERS``.
+
+  Returns:
+    A :class:`CappedEpsilon`; its ``epsilon`` is the number to report.
+
+  Raises:
+    ValueError: an argument out of range, as :func:`compute_epsilon_heterogeneous`.
+  """
+  pld_eps = compute_epsilon_heterogeneous(
+      sampling_probabilities, noise_multipliers, steps_list, delta,
+      value_discretization_interval=value_discretization_interval)  # validates everything
+  merged: dict[tuple[float, float], int] = {}
+  for q, sigma, count in zip(sampling_probabilities, noise_multipliers, steps_list):
+    q, sigma, count = float(q), float(sigma), int(count)
+    if count and q > 0.0 and not math.isinf(sigma):
+      merged[(q, sigma)] = merged.get((q, sigma), 0) + count
+  rdp_eps, order = _rdp_epsilon([(q, s, c) for (q, s), c in merged.items()], float(delta))
+  from_rdp = rdp_eps < pld_eps
+  return CappedEpsilon(epsilon=min(pld_eps, rdp_eps), pld_epsilon=float(pld_eps),
+                       rdp_epsilon=rdp_eps, rdp_order=order, from_rdp=from_rdp)

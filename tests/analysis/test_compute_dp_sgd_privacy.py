@@ -120,6 +120,38 @@ def test_pld_accountant_branch():
   assert result.epsilon <= rdp.epsilon
 
 
+def test_pld_accountant_is_pld_where_tighter_and_never_above_rdp():
+  # Issue 11: at 1e6 epochs the PLD grid alone (coarsened to h = 0.065) gave 23,722 where RDP
+  # gives 3,451; both are valid bounds, so the PLD accountant reports the smaller one.
+  from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
+  q = 256 / 60000
+  moderate = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 60, 1e-5, accountant="pld")
+  moderate_rdp = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 60, 1e-5)
+  ref_rdp = _dp_accounting_rdp(q, 1.1, 14063, list(rdp_accountant.DEFAULT_ORDERS))
+  assert moderate.epsilon == pld_accountant.compute_epsilon(q, 1.1, 14063, 1e-5)  # 2.3818
+  assert moderate.epsilon < 0.92 * min(moderate_rdp.epsilon, ref_rdp.get_epsilon(1e-5))  # 2.597
+  assert moderate.optimal_order is None and moderate.order_no_amplification is None
+  # No amplification: 60 Gaussian steps, exactly mu = sqrt(60) / 1.1, eps 54.045818 (mpmath).
+  assert 54.045818 < moderate.epsilon_no_amplification < 54.0459
+
+  huge = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 1e6, 1e-5, accountant="pld")
+  huge_rdp = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 1e6, 1e-5)
+  capped = pld_accountant.compute_epsilon_with_rdp_cap([q], [1.1], [huge.steps], 1e-5)
+  ref_rdp = _dp_accounting_rdp(q, 1.1, huge.steps, list(rdp_accountant.DEFAULT_ORDERS))
+  assert huge.steps == 234_375_000 and capped.pld_epsilon > 20000  # the grid alone: 23,722
+  assert huge.epsilon == capped.epsilon == capped.rdp_epsilon
+  assert huge.epsilon <= huge_rdp.epsilon <= ref_rdp.get_epsilon(1e-5)  # 3072.5, 3451, 3520
+  assert 3000 < huge.epsilon < 3073 and 3451 < huge_rdp.epsilon < 3452
+  assert huge.optimal_order == capped.rdp_order and 1.0 < huge.optimal_order < 1.25
+  assert "Renyi-DP accounting" in huge.statement()
+  assert "tighter here than privacy-loss-distribution (PLD) accounting" in huge.statement()
+  # Without amplification (1e6 Gaussian steps) PLD stays tight: exact eps 417,099.32 (mpmath,
+  # mu = 1000 / 1.1), RDP 516,600.
+  assert huge.order_no_amplification is None
+  assert 417099.3 < huge.epsilon_no_amplification < 417099.3 * 1.0001
+  assert huge.epsilon_no_amplification < 0.81 * huge_rdp.epsilon_no_amplification
+
+
 def test_orders_with_pld_and_out_of_range_steps_are_errors():
   with pytest.raises(ValueError) as info:
     cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 1, 1e-5, orders=[2, 3], accountant="pld")
@@ -163,6 +195,21 @@ def test_cli_success():
   expected = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 60, 1e-6, microbatch_size=2,
                                         orders=[2, 4, 8, 16, 32])
   assert f"epsilon = {expected.epsilon:.4g} at delta = 1e-06" in proc.stdout
+
+
+def test_cli_pld_says_when_the_rdp_bound_is_smaller():
+  base = ("--N=60000", "--batch_size=256", "--noise_multiplier=1.1", "--accountant=pld")
+  proc = _cli(*base, "--epochs=1e6")
+  assert proc.returncode == 0, proc.stderr
+  expected = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 1e6, 1e-5, accountant="pld")
+  assert proc.stdout.splitlines()[0] == (
+      "epsilon = 3073 at delta = 1e-05 (Poisson sampling, pld accountant: the RDP bound, "
+      "optimal order 1.065, is smaller here)")
+  assert expected.statement() in proc.stdout
+  proc = _cli(*base, "--epochs=60")
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.splitlines()[0] == (
+      "epsilon = 2.382 at delta = 1e-05 (Poisson sampling, pld accountant)")
 
 
 @pytest.mark.parametrize("args,fragment", [

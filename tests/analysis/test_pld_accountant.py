@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from scipy import optimize, special
 
 from analysis import pld_accountant as pld
+from analysis import rdp_accountant
 
 dp_accounting = pytest.importorskip("dp_accounting")
 from dp_accounting.pld import pld_privacy_accountant  # noqa: E402
@@ -159,6 +160,78 @@ def test_heterogeneous_agrees_with_dp_accounting():
   qs, sigmas, steps = zip(*phases)
   ours = pld.compute_epsilon_heterogeneous(list(qs), list(sigmas), list(steps), 1e-5)
   assert ours == pytest.approx(ref, rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------------
+# min(PLD, RDP): the number reported for the accountant "pld".
+
+MILLION_EPOCH_STEPS = 234_375_000  # ceil(1e6 * 60000 / 256)
+
+
+def _dp_accounting_rdp_epsilon(phases, delta, orders=None):
+  """dp_accounting's RDP epsilon (its own default orders unless ``orders`` is given)."""
+  rdp_module = dp_accounting.rdp.rdp_privacy_accountant
+  accountant = (rdp_module.RdpAccountant() if orders is None else
+                rdp_module.RdpAccountant(orders=list(orders)))
+  for q, sigma, steps in phases:
+    accountant.compose(dp_accounting.PoissonSampledDpEvent(
+        q, dp_accounting.GaussianDpEvent(sigma)), steps)
+  return accountant.get_epsilon(delta)
+
+
+def test_capped_epsilon_is_the_pld_bound_where_pld_is_tighter():
+  phase = (MNIST_Q, MNIST_SIGMA, MNIST_STEPS)  # 60 epochs
+  capped = pld.compute_epsilon_with_rdp_cap(*([x] for x in phase), MNIST_DELTA)
+  ref_pld = _dp_accounting_accountant([phase]).get_epsilon(MNIST_DELTA)  # 2.38178
+  ref_rdp = _dp_accounting_rdp_epsilon([phase], MNIST_DELTA)  # 2.59666 (order 8.1)
+  assert not capped.from_rdp and capped.rdp_order is not None
+  assert capped.epsilon == capped.pld_epsilon == pld.compute_epsilon(*phase, MNIST_DELTA)
+  assert 2.38 < capped.epsilon < 2.385 and abs(capped.epsilon / ref_pld - 1.0) < 1e-6
+  # Strictly below RDP, by 8%: our RDP (2.59664, order optimised over the reals) and
+  # dp_accounting's (2.59666 over its orders) agree to 1e-5.
+  assert capped.epsilon < 0.92 * min(capped.rdp_epsilon, ref_rdp)
+  assert capped.rdp_epsilon <= ref_rdp and abs(capped.rdp_epsilon / ref_rdp - 1.0) < 1e-4
+
+
+def test_capped_epsilon_at_a_million_epochs_is_no_larger_than_rdp():
+  # MNIST, batch 256, sigma 1.1, 1e6 epochs: the PLD grid has to be coarsened (h = 0.065), and
+  # alone it gives 23,722 against RDP's 3,451 (DEFAULT_ORDERS) or 3,072.5 (order optimised).
+  phase = (MNIST_Q, MNIST_SIGMA, MILLION_EPOCH_STEPS)
+  capped = pld.compute_epsilon_with_rdp_cap(*([x] for x in phase), MNIST_DELTA)
+  ref_rdp = _dp_accounting_rdp_epsilon([phase], MNIST_DELTA)  # 3179.4 (order 1.1)
+  ref_rdp_default_orders = _dp_accounting_rdp_epsilon(  # 3519.6 (order 1.25)
+      [phase], MNIST_DELTA, orders=rdp_accountant.DEFAULT_ORDERS)
+  # dp_accounting's PLD, which sizes its grid differently, at h = 1e-3: 3057.5 (1 s).
+  ref_pld = _dp_accounting_accountant([phase], h=1e-3).get_epsilon(MNIST_DELTA)
+  with pytest.warns(rdp_accountant.OrderAtBoundaryWarning):  # optimum at order 1.25
+    ours_rdp_grid = rdp_accountant.get_privacy_spent(
+        rdp_accountant.DEFAULT_ORDERS,
+        rdp_accountant.compute_rdp(*phase, rdp_accountant.DEFAULT_ORDERS),
+        target_delta=MNIST_DELTA)[0]  # 3451.1, what --accountant=rdp reports
+  assert capped.epsilon == min(capped.pld_epsilon, capped.rdp_epsilon)
+  assert capped.pld_epsilon == pld.compute_epsilon(*phase, MNIST_DELTA)
+  assert capped.epsilon <= capped.rdp_epsilon <= ref_rdp < ref_rdp_default_orders
+  assert capped.epsilon <= ours_rdp_grid
+  assert 3000.0 < capped.epsilon < 3073.0
+  # Within 1% of an independent PLD computation (the PLD grid alone is 7.8x off).
+  assert abs(capped.epsilon / ref_pld - 1.0) < 0.01
+
+
+def test_capped_epsilon_of_several_phases_and_edge_cases():
+  phases = [(0.01, 1.1, 300), (0.02, 0.9, 100), (0.01, 1.1, 200)]
+  qs, sigmas, steps = (list(c) for c in zip(*phases))
+  capped = pld.compute_epsilon_with_rdp_cap(qs, sigmas, steps, 1e-5)
+  assert capped.epsilon == capped.pld_epsilon == pld.compute_epsilon_heterogeneous(
+      qs, sigmas, steps, 1e-5)
+  ref_rdp = _dp_accounting_rdp_epsilon(phases, 1e-5, orders=rdp_accountant.DEFAULT_ORDERS)
+  assert capped.rdp_epsilon == pytest.approx(ref_rdp, rel=1e-3)  # 2.607, DEFAULT_ORDERS
+  assert capped.epsilon < 0.85 * capped.rdp_epsilon  # 2.103
+  assert pld.compute_epsilon_with_rdp_cap([], [], [], 1e-5) == (0.0, 0.0, 0.0, None, False)
+  # No noise: RDP is inf, PLD the exact 1 - (1 - q)^T <= delta answer 0.
+  assert pld.compute_epsilon_with_rdp_cap([0.001], [0.0], [1], 1e-2).epsilon == 0.0
+  assert pld.compute_epsilon_with_rdp_cap([0.01], [0.0], [10], 1e-5).epsilon == math.inf
+  with pytest.raises(ValueError, match=r"steps_list\[0\] must be an integer"):
+    pld.compute_epsilon_with_rdp_cap([0.01], [1.0], [10**10 + 1], 1e-5)
 
 
 # ------------------------------------------------------------------------------------------
