@@ -18,14 +18,22 @@ import pytest
 from analysis import compute_dp_sgd_privacy as cdp
 from analysis import rdp_accountant
 
-dp_accounting = pytest.importorskip("dp_accounting")
-from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp  # noqa: E402
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 INT_ORDERS = [float(a) for a in rdp_accountant.DEFAULT_ORDERS if float(a).is_integer()]
 
 
+def _dp_accounting():
+  """dp_accounting, the independent reference (a test extra): skips only the test needing it."""
+  return pytest.importorskip("dp_accounting")
+
+
+def _dp_rdp():
+  """dp_accounting's RDP accountant module; skips only the test needing it."""
+  return pytest.importorskip("dp_accounting.rdp.rdp_privacy_accountant")
+
+
 def _dp_accounting_rdp(q, sigma, steps, orders):
+  dp_accounting, dp_rdp = _dp_accounting(), _dp_rdp()
   accountant = dp_rdp.RdpAccountant(orders=orders)
   if q == 1.0:
     accountant.compose(dp_accounting.GaussianDpEvent(sigma), steps)

@@ -18,9 +18,6 @@ from scipy import optimize, special
 from analysis import pld_accountant as pld
 from analysis import rdp_accountant
 
-dp_accounting = pytest.importorskip("dp_accounting")
-from dp_accounting.pld import pld_privacy_accountant  # noqa: E402
-
 MNIST_Q = 256 / 60000
 MNIST_SIGMA = 1.1
 MNIST_STEPS = math.ceil(60 * 60000 / 256)  # 14063
@@ -31,7 +28,23 @@ MNIST_DELTA = 1e-5
 # References.
 
 
+def _dp_accounting():
+  """dp_accounting, the independent reference (a test extra): skips only the test needing it."""
+  return pytest.importorskip("dp_accounting")
+
+
+def _dp_rdp():
+  """dp_accounting's RDP accountant module; skips only the test needing it."""
+  return pytest.importorskip("dp_accounting.rdp.rdp_privacy_accountant")
+
+
+def _dp_pld():
+  """dp_accounting's PLD accountant module; skips only the test needing it."""
+  return pytest.importorskip("dp_accounting.pld.pld_privacy_accountant")
+
+
 def _dp_accounting_accountant(phases, h=1e-4):
+  dp_accounting, pld_privacy_accountant = _dp_accounting(), _dp_pld()
   accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=h)
   for q, sigma, steps in phases:
     event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
@@ -170,7 +183,7 @@ MILLION_EPOCH_STEPS = 234_375_000  # ceil(1e6 * 60000 / 256)
 
 def _dp_accounting_rdp_epsilon(phases, delta, orders=None):
   """dp_accounting's RDP epsilon (its own default orders unless ``orders`` is given)."""
-  rdp_module = dp_accounting.rdp.rdp_privacy_accountant
+  dp_accounting, rdp_module = _dp_accounting(), _dp_rdp()
   accountant = (rdp_module.RdpAccountant() if orders is None else
                 rdp_module.RdpAccountant(orders=list(orders)))
   for q, sigma, steps in phases:

@@ -22,15 +22,22 @@ from scipy import optimize, special
 
 from analysis import rdp_accountant as ra
 
-dp_accounting = pytest.importorskip("dp_accounting")
-from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp  # noqa: E402
-
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)
 INT_ORDERS = [2, 3, 4, 5, 8, 11, 16, 32, 64, 128, 256]
 
 
 # ------------------------------------------------------------------------------------------
 # References.
+
+
+def _dp_accounting():
+  """dp_accounting, the independent reference (a test extra): skips only the test needing it."""
+  return pytest.importorskip("dp_accounting")
+
+
+def _dp_rdp():
+  """dp_accounting's RDP accountant module; skips only the test needing it."""
+  return pytest.importorskip("dp_accounting.rdp.rdp_privacy_accountant")
 
 
 def _quad_rdp(q, sigma, alpha, dps=40):
@@ -99,6 +106,7 @@ def test_return_types():
 @pytest.mark.parametrize("q,sigma", [(0.01, 1.1), (256 / 60000, 1.1), (0.1, 0.8), (0.5, 0.5),
                                      (0.3, 4.0), (0.9, 2.0), (1e-4, 0.3)])
 def test_integer_orders_match_dp_accounting(q, sigma):
+  dp_rdp = _dp_rdp()
   steps = 1234
   ours = ra.compute_rdp(q, sigma, steps, INT_ORDERS)
   ref = dp_rdp._compute_rdp_poisson_subsampled_gaussian(q, sigma, INT_ORDERS) * steps
@@ -106,6 +114,7 @@ def test_integer_orders_match_dp_accounting(q, sigma):
 
 
 def test_integer_orders_match_dp_accounting_accountant():
+  dp_accounting, dp_rdp = _dp_accounting(), _dp_rdp()
   q, sigma, steps = 0.02, 0.9, 3000
   accountant = dp_rdp.RdpAccountant(orders=INT_ORDERS)
   accountant.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)),
@@ -142,6 +151,7 @@ def test_fractional_orders_where_round_off_dominates_stay_above(q, sigma, alpha)
 
 
 def test_fractional_orders_at_most_dp_accountings_looser_bound():
+  dp_rdp = _dp_rdp()
   orders = [1.25, 1.5, 2.5, 5.75, 10.5]
   for q, sigma in [(0.01, 1.1), (0.2, 0.7), (0.5, 3.0)]:
     ours = ra.compute_rdp(q, sigma, 1, orders)
@@ -172,6 +182,7 @@ def test_without_replacement_integer_orders(q, sigma):
   np.testing.assert_allclose(ours, theorem9, rtol=1e-9)
   # dp_accounting also applies the forward-difference bound (WBK19 Thm 27), so it can be
   # smaller, never larger; where Thm 9 binds (small sigma) the two agree.
+  dp_accounting, dp_rdp = _dp_accounting(), _dp_rdp()
   accountant = dp_rdp.RdpAccountant(
       orders=orders, neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
   accountant.compose(dp_accounting.SampledWithoutReplacementDpEvent(
@@ -228,6 +239,7 @@ def test_heterogeneous_errors():
 
 
 def test_conversion_matches_dp_accounting():
+  dp_rdp = _dp_rdp()
   orders = list(ra.DEFAULT_ORDERS)
   for q, sigma, steps in [(0.01, 1.0, 1000), (256 / 60000, 1.1, 14063), (0.1, 3.0, 50)]:
     rdp = ra.compute_rdp(q, sigma, steps, orders)
