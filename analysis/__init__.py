@@ -8,3 +8,8 @@ Modules:
   calibration             Noise multiplier for a target (eps, delta).
   compute_dp_sgd_privacy  Library function and command-line tool for a DP-SGD run.
 """
+
+#: Marks this package as tf_dpkit's accounting package, so that tf_dpkit can tell it apart from
+#: an unrelated module or folder named ``analysis`` found earlier on sys.path
+#: (see tf_dpkit/_analysis_guard.py).
+__tf_dpkit_analysis__ = True

@@ -9,6 +9,8 @@ Swap a Keras optimizer for its DP version and pass a vector loss::
 or train with ``model.fit`` through ``tf_dpkit.DPSequential`` / ``tf_dpkit.DPModel``.
 Privacy accounting lives in the top-level ``analysis`` package.
 """
+# First: fail with a clear message if `analysis` is some other package (see the module).
+from tf_dpkit import _analysis_guard  # noqa: F401  pylint: disable=unused-import
 from tf_dpkit import v1
 from tf_dpkit.models import DPModel, DPSequential, make_dp_model_class
 from tf_dpkit.model_gradients import private_gradients
