@@ -300,12 +300,26 @@ class _TwoDenseSharingAKernel(keras.layers.Layer):
     return self.second(tf.tanh(self.first(inputs)))
 
 
-def test_sublayers_sharing_a_variable_inside_one_layer_are_refused_at_trace_time():
+def test_sublayers_sharing_a_variable_inside_one_layer_are_replayed_exactly():
+  # Per-use rules would add the two uses' squared norms and drop the cross term (under-clip);
+  # the layer is instead replayed whole per example, which gives the exact per-example gradient.
+  from tf_dpkit.clipping.testing import removal_sensitivity
   inputs = keras.Input((4,))
   model = keras.Model(inputs, keras.layers.Dense(1)(_TwoDenseSharingAKernel(name="pair")(inputs)))
   assert model.layers[1].second.kernel is model.layers[1].first.kernel
-  with pytest.raises(ValueError, match="used by layers 'first' and 'second'"):
-    clipped_sum_fast(model, MSE, (_x(6, 4), _x(6, 1), tf.ones([6])), 1.0)
+  x, y = _x(6, 4) * 3.0, _x(6, 1)
+  cs, _ = clipped_sum_fast(model, MSE, (x, y, tf.ones([6])), 1e6)
+  expected = None
+  for i in range(6):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(MSE(y[i:i + 1], model(x[i:i + 1])))
+    grads = tape.gradient(loss, model.trainable_variables)
+    expected = grads if expected is None else [a + b for a, b in zip(expected, grads)]
+  for got, want in zip(cs.grads, expected):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+  sensitivity = removal_sensitivity(lambda keep: clipped_sum_fast(
+      model, MSE, (tf.gather(x, keep), tf.gather(y, keep), None), 0.1)[0].grads, 6)
+  assert 0.05 < sensitivity <= 0.1 * (1 + 1e-5)
 
 
 @pytest.mark.parametrize("method", ["fast", "vectorized"])
