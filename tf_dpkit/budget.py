@@ -170,7 +170,12 @@ class PrivacyBudget(keras.callbacks.Callback):
     delta: delta in (0, 1) at which epsilon is reported; default 1e-5, or the delta of a given
       ``accountant`` (a different explicit value is refused, never silently ignored).
     target_epsilon: optional budget > 0; training stops before the step that would exceed it.
-    sampling: ``"poisson"`` or ``"shuffle"`` (then ``steps_per_epoch`` is required).
+    sampling: ``"poisson"`` or ``"shuffle"`` (then ``steps_per_epoch`` is required).  With
+      ``"poisson"``, training is refused when the batches certainly are not Poisson samples:
+      ``fit`` on in-memory arrays (Keras cuts fixed-size shuffled batches) or an optimizer
+      without ``expected_batch_size`` (it normalises by the realised batch size).  A
+      ``tf.data.Dataset`` is taken to be what ``sampling`` says; make it with
+      ``tf_dpkit.data.poisson_batches``.
     steps_per_epoch: batches per epoch, for ``"shuffle"``.
     batch_size: needed only when the optimizer has ``num_microbatches`` (to know the
       microbatch size): an integer multiple of ``num_microbatches``.
@@ -218,6 +223,22 @@ class PrivacyBudget(keras.callbacks.Callback):
     return Phase(float(self.sampling_probability), float(optimizer.noise_multiplier), steps,
                  self.sampling, microbatch_size, self.steps_per_epoch)
 
+  def _check_batches_can_be_poisson(self):
+    """Refuses to account as Poisson-sampled what certainly is not (fixed-size batches)."""
+    fix = ("Either sample with tf_dpkit.data.poisson_batches and build the optimizer with "
+           "expected_batch_size=q*N, or account the batches as they are with "
+           "PrivacyBudget(..., sampling='shuffle', steps_per_epoch=<batches per epoch>).")
+    if getattr(self.model, "_dp_keras_batches_arrays", False):
+      raise ValueError(
+          "PrivacyBudget(sampling='poisson') cannot account this fit: it was given in-memory "
+          "arrays, which Keras cuts into shuffled fixed-size batches, not Poisson samples, so "
+          f"the subsampled epsilon would not hold. {fix}")
+    if self.model.optimizer.expected_batch_size is None:
+      raise ValueError(
+          "PrivacyBudget(sampling='poisson') needs an optimizer built with "
+          "expected_batch_size=q*N: this one divides by the realised batch size, which is how "
+          f"fixed-size batches are trained, not the Poisson-sampled mechanism. {fix}")
+
   def _record_new_steps(self):
     now = int(self.model.optimizer.iterations.numpy())
     if now > self._seen_iterations:
@@ -255,6 +276,8 @@ class PrivacyBudget(keras.callbacks.Callback):
           "the earlier run's accountant (accountant=PrivacyAccountant.from_state_dict(saved)) "
           "or the same PrivacyBudget to every fit() call.")
     self._current_phase(0)  # validates batch_size against num_microbatches before training
+    if self.sampling == "poisson":
+      self._check_batches_can_be_poisson()
     self._epoch_start_steps = self.accountant.steps
     if self.target_epsilon is not None:
       # The settings are fixed during fit, so the budget becomes a step count, computed once.

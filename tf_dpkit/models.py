@@ -31,7 +31,8 @@ import keras
 import tensorflow as tf
 
 from tf_dpkit.clipping import _keras_internals
-from tf_dpkit.clipping.examples import check_loss_is_per_example, per_example_loss_function
+from tf_dpkit.clipping.examples import (check_loss_is_per_example, mark_per_example,
+                                        per_example_loss_function)
 from tf_dpkit.optimizers import is_dp_optimizer
 from tf_dpkit.model_gradients import clipped_sum_for_model
 
@@ -87,7 +88,8 @@ def _per_example_loss_fn(model, loss, loss_weights=None):
     fn = per_example_loss_function(_single_loss(loss))
     if loss_weights is None:
       return fn
-    return per_example_loss_function(lambda y_true, y_pred: loss_weights * fn(y_true, y_pred))
+    return mark_per_example(lambda y_true, y_pred: loss_weights * fn(y_true, y_pred),
+                            isolated=fn._tf_dpkit_isolated)  # pylint: disable=protected-access
   names = _output_names(model)
   losses = _by_output(loss, names, "loss")
   weights = [1.0] * len(names) if loss_weights is None else _by_output(loss_weights, names,
@@ -104,7 +106,7 @@ def _per_example_loss_fn(model, loss, loss_weights=None):
     if len(trues) != len(names):
       raise ValueError(f"y has {len(trues)} targets for the model's {len(names)} outputs.")
     return tf.add_n([w * fn(trues[k], preds[k]) for k, fn, w in terms])
-  return per_example_loss_function(total)
+  return mark_per_example(total, isolated=all(fn._tf_dpkit_isolated for _, fn, _ in terms))  # pylint: disable=protected-access
 
 
 def _weight_regularization(variables):
@@ -151,6 +153,13 @@ class _DPTrainStep:
         raise ValueError(
             f"Layer {layer.name!r} has an activity_regularizer: that loss depends on the data "
             "and is not clipped per example, so DP models refuse it.")
+
+  def fit(self, x=None, y=None, *args, **kwargs):  # pylint: disable=missing-function-docstring
+    # Keras batches in-memory arrays itself (fixed-size, shuffled batches): recorded so that a
+    # PrivacyBudget never accounts such batches as Poisson samples.
+    self._dp_keras_batches_arrays = x is not None and not isinstance(
+        x, (tf.data.Dataset, keras.utils.PyDataset)) and not callable(getattr(x, "__next__", None))
+    return super().fit(x, y, *args, **kwargs)
 
   # How per-microbatch gradients are computed: "auto" (fast per-layer path when the model is a
   # layer graph, else whole-model vectorized_map), "fast" or "vectorized".  Not a DP setting.

@@ -13,23 +13,9 @@ import mpmath
 import pytest
 
 from analysis import calibration, rdp_accountant
+from dp_references import dp_accounting as _dp_accounting, dp_rdp as _dp_rdp, dp_pld as _dp_pld
 
 ORDERS = list(rdp_accountant.DEFAULT_ORDERS)
-
-
-def _dp_accounting():
-  """dp_accounting, the independent reference (a test extra): skips only the test needing it."""
-  return pytest.importorskip("dp_accounting")
-
-
-def _dp_rdp():
-  """dp_accounting's RDP accountant module; skips only the test needing it."""
-  return pytest.importorskip("dp_accounting.rdp.rdp_privacy_accountant")
-
-
-def _dp_pld():
-  """dp_accounting's PLD accountant module; skips only the test needing it."""
-  return pytest.importorskip("dp_accounting.pld.pld_privacy_accountant")
 
 
 def _quad_rdp(q, sigma, alpha):

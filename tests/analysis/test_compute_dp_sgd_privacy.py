@@ -17,19 +17,10 @@ import pytest
 
 from analysis import compute_dp_sgd_privacy as cdp
 from analysis import rdp_accountant
+from dp_references import dp_accounting as _dp_accounting, dp_rdp as _dp_rdp
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 INT_ORDERS = [float(a) for a in rdp_accountant.DEFAULT_ORDERS if float(a).is_integer()]
-
-
-def _dp_accounting():
-  """dp_accounting, the independent reference (a test extra): skips only the test needing it."""
-  return pytest.importorskip("dp_accounting")
-
-
-def _dp_rdp():
-  """dp_accounting's RDP accountant module; skips only the test needing it."""
-  return pytest.importorskip("dp_accounting.rdp.rdp_privacy_accountant")
 
 
 def _dp_accounting_rdp(q, sigma, steps, orders):

@@ -17,6 +17,7 @@ from scipy import optimize, special
 
 from analysis import pld_accountant as pld
 from analysis import rdp_accountant
+from dp_references import dp_accounting as _dp_accounting, dp_rdp as _dp_rdp, dp_pld as _dp_pld
 
 MNIST_Q = 256 / 60000
 MNIST_SIGMA = 1.1
@@ -26,21 +27,6 @@ MNIST_DELTA = 1e-5
 
 # ------------------------------------------------------------------------------------------
 # References.
-
-
-def _dp_accounting():
-  """dp_accounting, the independent reference (a test extra): skips only the test needing it."""
-  return pytest.importorskip("dp_accounting")
-
-
-def _dp_rdp():
-  """dp_accounting's RDP accountant module; skips only the test needing it."""
-  return pytest.importorskip("dp_accounting.rdp.rdp_privacy_accountant")
-
-
-def _dp_pld():
-  """dp_accounting's PLD accountant module; skips only the test needing it."""
-  return pytest.importorskip("dp_accounting.pld.pld_privacy_accountant")
 
 
 def _dp_accounting_accountant(phases, h=1e-4):

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from scipy import optimize, special
 
 from analysis import rdp_accountant as ra
+from dp_references import dp_accounting as _dp_accounting, dp_rdp as _dp_rdp
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)
 INT_ORDERS = [2, 3, 4, 5, 8, 11, 16, 32, 64, 128, 256]
@@ -28,16 +29,6 @@ INT_ORDERS = [2, 3, 4, 5, 8, 11, 16, 32, 64, 128, 256]
 
 # ------------------------------------------------------------------------------------------
 # References.
-
-
-def _dp_accounting():
-  """dp_accounting, the independent reference (a test extra): skips only the test needing it."""
-  return pytest.importorskip("dp_accounting")
-
-
-def _dp_rdp():
-  """dp_accounting's RDP accountant module; skips only the test needing it."""
-  return pytest.importorskip("dp_accounting.rdp.rdp_privacy_accountant")
 
 
 def _quad_rdp(q, sigma, alpha, dps=40):

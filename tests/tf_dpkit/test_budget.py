@@ -259,3 +259,44 @@ def test_noise_multiplier_for_budget_meets_the_target_tightly():
   assert sigma == calibration.compute_noise_multiplier_for_training(2.0, 1e-5, 60000, 256, 15)
   assert _rdp_eps([256 / 60000], [sigma], [steps]) <= 2.0
   assert _rdp_eps([256 / 60000], [sigma * 0.999], [steps]) > 2.0 * 0.999
+
+
+def test_poisson_accounting_of_keras_batched_arrays_is_refused():
+  # Was: fit(x, y, batch_size=20) on 200 examples with PrivacyBudget(20 / 200) logged the
+  # Poisson-subsampled epsilon for shuffled fixed batches, which get no amplification.
+  x, y = _data()
+  model = _model()
+  with pytest.raises(ValueError, match="in-memory arrays, which Keras cuts into shuffled"):
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0,
+              callbacks=[PrivacyBudget(BATCH / N, 1e-5, verbose=False)])
+  assert int(model.optimizer.iterations.numpy()) == 0
+
+
+def test_poisson_accounting_needs_an_optimizer_normalising_by_the_expected_batch():
+  model = tf_dpkit.DPSequential([keras.Input((4,)), keras.layers.Dense(2)])
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0, learning_rate=0.1),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  data = poisson_batches(_data(), expected_batch_size=BATCH, steps=4, seed=7)
+  with pytest.raises(ValueError, match="needs an optimizer built with expected_batch_size"):
+    model.fit(data, epochs=1, steps_per_epoch=4, verbose=0,
+              callbacks=[PrivacyBudget(BATCH / N, 1e-5, verbose=False)])
+
+
+def test_keras_batched_arrays_are_accounted_as_shuffled_passes():
+  x, y = _data()
+  model = tf_dpkit.DPSequential([keras.Input((4,)), keras.layers.Dense(2)])
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.1, learning_rate=0.1),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  budget = PrivacyBudget(BATCH / N, 1e-5, sampling="shuffle", steps_per_epoch=N // BATCH,
+                         verbose=False)
+  history = model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[budget])
+  # Two passes of the Gaussian mechanism (q = 1, sigma 1.1): RDP(alpha) = 2 alpha / (2 sigma^2),
+  # converted with Balle et al. (2020, Thm 21), eps(alpha) = RDP + log(1 - 1/alpha) -
+  # (log delta + log alpha) / (alpha - 1), minimised here on a fine grid of orders (numpy, not
+  # analysis/).  The accountant's orders are a coarser grid: at or above it, within 1e-3.
+  sigma, delta = 1.1, 1e-5
+  alphas = np.linspace(1.001, 100, 2_000_000)
+  eps = (2 * alphas / (2 * sigma**2) + np.log1p(-1 / alphas)
+         - (np.log(delta) + np.log(alphas)) / (alphas - 1))
+  reference = eps.min()
+  assert reference * (1 - 1e-9) <= history.history["epsilon"][-1] <= reference * (1 + 1e-3)

@@ -262,3 +262,43 @@ def test_non_private_gradients_are_refused():
     loss = tf.reduce_mean(_vector_loss(w))
   with pytest.raises(ValueError, match="WITHOUT privacy"):
     opt.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
+
+
+_REPLICAS_SCRIPT = """
+import numpy as np, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import tf_dpkit
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+  opt = tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0, learning_rate=0.1)
+  w = tf.Variable(tf.ones([3, 1]))
+
+def step():
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(tf.matmul(tf.ones([2, 3]), w), axis=1)
+  opt.minimize(loss, [w], tape=tape)
+try:
+  strategy.run(tf.function(step))
+  print("NOT REFUSED")
+except NotImplementedError as error:
+  print("REFUSED:", error)
+one_device = tf.distribute.OneDeviceStrategy("/cpu:0")
+with one_device.scope():
+  opt = tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 0.0, learning_rate=0.1)
+  w = tf.Variable(tf.ones([3, 1]))
+one_device.run(tf.function(step))
+print("ONE DEVICE", float(w.numpy()[0, 0]))
+"""
+
+
+def test_several_replicas_are_refused_until_supported():
+  # Was: under MirroredStrategy each replica noised its own batch and the sum added the copies
+  # (update noise 4x the intended std on 2 devices), silently.
+  import subprocess
+  import sys
+  out = subprocess.run([sys.executable, "-c", _REPLICAS_SCRIPT], capture_output=True, text=True,
+                       timeout=300, check=True).stdout
+  assert "REFUSED:" in out and "DPSGD runs under MirroredStrategy with 2 replicas" in out
+  one_device = float(out.split("ONE DEVICE")[1])
+  np.testing.assert_allclose(one_device, 1.0 - 0.1 / np.sqrt(3), rtol=1e-6)

@@ -10,7 +10,9 @@ example alone.  This module is the one place that turns a loss function's output
   other trailing shape (e.g. ``[B, B]`` from broadcasting ``[B] - [B, 1]``) is refused;
 * losses known to compare examples within a batch (``keras.losses.Circle``) are refused;
 * on the fast path the loss is evaluated on each example alone (:func:`map_examples`), so no
-  entry can depend on another example whatever the loss function does.
+  entry can depend on another example whatever the loss function does; Keras's own
+  per-example losses (exact classes, :func:`loss_is_isolated_per_example`) already are, and are
+  evaluated on the batch.
 
 :func:`map_examples` maps a function over the examples of a batch with ``tf.vectorized_map``
 and, for functions that ``pfor`` cannot vectorise (recurrent layers with masks, stateful
@@ -28,6 +30,27 @@ _BATCH_MIXING_LOSSES = tuple(
     cls for cls in (getattr(keras.losses, "Circle", None),) if cls is not None)
 _BATCH_MIXING_FUNCTIONS = tuple(
     fn for fn in (getattr(keras.losses, "circle", None),) if fn is not None)
+
+
+# Keras losses (exact classes, and their functions) whose batched value for example i is computed
+# from example i alone: evaluating them on the whole batch is already isolated per example.
+_ISOLATED_LOSS_CLASSES = tuple(getattr(keras.losses, name) for name in (
+    "SparseCategoricalCrossentropy", "CategoricalCrossentropy", "BinaryCrossentropy",
+    "BinaryFocalCrossentropy", "CategoricalFocalCrossentropy", "MeanSquaredError",
+    "MeanAbsoluteError", "MeanAbsolutePercentageError", "MeanSquaredLogarithmicError", "Huber",
+    "LogCosh", "Hinge", "SquaredHinge", "CategoricalHinge", "KLDivergence", "Poisson",
+    "CosineSimilarity") if hasattr(keras.losses, name))
+_ISOLATED_LOSS_FUNCTIONS = tuple(getattr(keras.losses, name) for name in (
+    "sparse_categorical_crossentropy", "categorical_crossentropy", "binary_crossentropy",
+    "mean_squared_error", "mean_absolute_error", "huber", "log_cosh", "hinge",
+    "squared_hinge", "kl_divergence", "poisson") if hasattr(keras.losses, name))
+
+
+def loss_is_isolated_per_example(loss) -> bool:
+  """True for Keras's own per-example losses (exact classes, their ``call`` methods and loss
+  functions): their value for one example never reads another example's entries."""
+  owner = getattr(loss, "__self__", loss)
+  return type(owner) in _ISOLATED_LOSS_CLASSES or any(loss is fn for fn in _ISOLATED_LOSS_FUNCTIONS)
 
 
 def check_loss_is_per_example(loss) -> None:
@@ -187,8 +210,15 @@ def per_example_loss_function(loss_fn):
     return per_example_losses(loss_fn(y_true, y_pred), tf.shape(pred)[0],
                               mask=_keras_internals.keras_mask(pred),
                               prediction_shape=pred.shape)
-  reduced._tf_dpkit_per_example = True  # pylint: disable=protected-access
-  return reduced
+  return mark_per_example(reduced, isolated=loss_is_isolated_per_example(loss_fn))
+
+
+def mark_per_example(fn, isolated: bool):
+  """Marks ``fn`` as a reduced per-example loss; ``isolated``: its batched values are already
+  computed per example alone (see :func:`loss_is_isolated_per_example`)."""
+  fn._tf_dpkit_per_example = True  # pylint: disable=protected-access
+  fn._tf_dpkit_isolated = isolated  # pylint: disable=protected-access
+  return fn
 
 
 def isolated_per_example_losses(loss_fn, y_true, y_pred, batch) -> tf.Tensor:
@@ -202,6 +232,8 @@ def isolated_per_example_losses(loss_fn, y_true, y_pred, batch) -> tf.Tensor:
     batch: the batch size (scalar tensor or int).
   """
   loss_fn = per_example_loss_function(loss_fn)
+  if getattr(loss_fn, "_tf_dpkit_isolated", False):  # Keras's own losses: batched is isolated
+    return loss_fn(y_true, y_pred)
   flat_pred = tf.nest.flatten(y_pred)
   checks = [tf.debugging.assert_equal(tf.shape(t)[0], tf.cast(batch, tf.int32),
                                       message="y_pred's leading dimension must be the batch")

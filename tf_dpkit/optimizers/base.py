@@ -50,6 +50,26 @@ def check_learning_rate(base, args, kwargs):
                      f"{value!r}.")
 
 
+def check_single_replica(owner: str) -> None:
+  """Raises ``NotImplementedError`` under a ``tf.distribute`` strategy with several replicas.
+
+  Each replica would clip and noise its local batch and the cross-replica sum would add the
+  copies: not the DP-SGD step over the global batch that is accounted.  Until DP-SGD across
+  replicas is supported, refusing is the only answer that cannot mis-state the guarantee.
+  """
+  if not tf.distribute.has_strategy():
+    return
+  strategy = tf.distribute.get_strategy()
+  unsupported = (tf.distribute.experimental.ParameterServerStrategy,
+                 tf.distribute.experimental.CentralStorageStrategy)
+  if strategy.num_replicas_in_sync > 1 or isinstance(strategy, unsupported):
+    raise NotImplementedError(
+        f"{owner} runs under {type(strategy).__name__} with {strategy.num_replicas_in_sync} "
+        "replicas: DP-SGD across replicas is not supported yet (each replica would noise its own "
+        "batch and the updates would be summed, which is not the accounted mechanism). Train "
+        "on one device (no strategy, or tf.distribute.OneDeviceStrategy).")
+
+
 class DPOptimizerBase:
   """Mixin placed before the wrapped optimizer class; see the module docstring."""
 
@@ -96,6 +116,7 @@ class DPOptimizerBase:
       data_independent_grads: optional list aligned with ``clipped.grads`` (None entries
         allowed).
     """
+    check_single_replica(type(self).__name__)
     if not isinstance(clipped, ClippedSum):
       raise TypeError(
           f"{type(self).__name__}.privatize takes the ClippedSum made by tf_dpkit's clipping "
