@@ -39,8 +39,6 @@ from tf_dpkit.clipping.examples import (isolated_per_example_losses, map_example
 from tf_dpkit.clipping.per_example import assert_nonempty
 from tf_dpkit.clipping.rules import LayerTrace, group_examples, lookup_rule
 
-layer_graph = internals.layer_graph
-
 
 def _shared_trainable_layers(graph):
   """Names of trainable layers called more than once in the graph (weights shared across uses)."""
@@ -79,7 +77,7 @@ def fast_path_available(model) -> bool:
   False for subclassed models, for graphs that call one trainable layer more than once, and for
   graphs in which two layers share a trainable variable (tied weights).
   """
-  graph = layer_graph(model)
+  graph = internals.layer_graph(model)
   return (graph is not None and not _shared_trainable_layers(graph)
           and not _variables_of_several_layers(graph))
 
@@ -246,7 +244,7 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
   Returns:
     ``(ClippedSum, y_pred)``; the sums are aligned with ``model.trainable_variables``.
   """
-  graph = layer_graph(model)
+  graph = internals.layer_graph(model)
   if graph is None:
     raise ValueError(f"The fast path needs a Keras functional or Sequential model, got "
                      f"{type(model).__name__}; use clipped_sum_vectorized.")
