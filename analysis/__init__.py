@@ -5,6 +5,8 @@ Modules:
   pld_accountant          Privacy-loss-distribution (FFT) accounting; tighter than RDP unless
                           its grid is coarsened (very many steps): the "pld" accountant
                           reports min(PLD, RDP).
+  gaussian                Exact (eps, delta) of the Gaussian mechanism and of its compositions
+                          without sampling (analytic Gaussian mechanism, Balle & Wang 2018).
   calibration             Noise multiplier for a target (eps, delta).
   compute_dp_sgd_privacy  Library function and command-line tool for a DP-SGD run.
 """

@@ -18,7 +18,7 @@ import math
 import sys
 import warnings
 
-from analysis import calibration, rdp_accountant
+from analysis import calibration, gaussian, rdp_accountant
 from analysis._checks import (check_choice, check_count, check_delta, check_nonnegative,
                               check_orders, check_real)
 
@@ -45,8 +45,10 @@ class DpSgdPrivacy:
       microbatch_size > 1 (see compute_dp_sgd_privacy).
     epsilon_no_amplification: eps with no amplification by sampling: ceil(epochs)
       compositions of the unsampled Gaussian (q = 1), valid for any batching in which every
-      example is used at most once per epoch (e.g. shuffle-and-iterate).
-    order_no_amplification: the RDP order attaining it (None for PLD unless RDP was smaller).
+      example is used at most once per epoch (e.g. shuffle-and-iterate).  Exact, whatever the
+      accountant: the composition is one Gaussian mechanism with noise multiplier
+      sigma / sqrt(ceil(epochs)) (``analysis.gaussian``, Balle & Wang 2018).
+    order_no_amplification: always None (no Renyi order is involved); kept for callers.
     n, batch_size, epochs, microbatch_size, accountant: the inputs.
     order_at_boundary: True if an optimal RDP order was the first or last of the orders used.
   """
@@ -94,8 +96,10 @@ class DpSgdPrivacy:
         f"differentially private with respect to adding or removing one example, by "
         f"{method}.",
         f"This bound is not valid for shuffle-and-iterate batching (fixed batches from a "
-        f"random permutation each epoch); for that, the bound without amplification by "
-        f"sampling is epsilon = {_fmt_eps(self.epsilon_no_amplification)} at the same delta.",
+        f"random permutation each epoch); for that, the exact epsilon without amplification "
+        f"by sampling (the analytic Gaussian mechanism of Balle and Wang 2018, composed over "
+        f"the epochs) is epsilon = {_fmt_eps(self.epsilon_no_amplification)} at the same "
+        "delta.",
     ]
     if self.order_at_boundary:
       parts.append("(An optimal order lay at the end of the orders searched; a wider range of "
@@ -132,7 +136,8 @@ def compute_dp_sgd_privacy(n: int, batch_size: int, noise_multiplier: float, epo
   Poisson sampling with q = batch_size / n for steps = ceil(epochs * n / batch_size) steps of
   the Gaussian mechanism (noise std = noise_multiplier * clipping norm), add-or-remove-one
   adjacency.  The no-amplification epsilon composes the unsampled Gaussian (q = 1) ceil(epochs)
-  times: when every example is in exactly one batch per epoch, each epoch touches it once.
+  times: when every example is in exactly one batch per epoch, each epoch touches it once; that
+  composition is one Gaussian mechanism, whose epsilon is computed exactly.
 
   With ``microbatch_size`` m > 1, clipping applies to each microbatch's summed gradient, whose
   change when one example is added or removed can be up to 2C (one clipped sum is replaced
@@ -194,17 +199,17 @@ def compute_dp_sgd_privacy(n: int, batch_size: int, noise_multiplier: float, epo
   effective = sigma / 2.0 if microbatch_size > 1 else sigma
   if accountant == "rdp":
     eps, order, boundary = _rdp_epsilon(q, effective, steps, delta, orders)
-    eps0, order0, boundary0 = _rdp_epsilon(1.0, effective, epochs_touched, delta, orders)
-    boundary = boundary or boundary0
   else:
     from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
     capped = pld_accountant.compute_epsilon_with_rdp_cap([q], [effective], [steps], delta)
-    capped0 = pld_accountant.compute_epsilon_with_rdp_cap([1.0], [effective], [epochs_touched],
-                                                          delta)
-    eps, eps0 = capped.epsilon, capped0.epsilon
+    eps = capped.epsilon
     order = capped.rdp_order if capped.from_rdp else None
-    order0 = capped0.rdp_order if capped0.from_rdp else None
     boundary = False  # the RDP order is optimised over the reals, not taken from a grid
+  # Without amplification the run is exactly one Gaussian mechanism: its exact epsilon.
+  eps0 = (math.inf if effective == 0.0 and epochs_touched else
+          gaussian.composed_epsilon([effective if effective else math.inf], [epochs_touched],
+                                    delta))
+  order0 = None
   return DpSgdPrivacy(
       epsilon=eps, delta=delta, optimal_order=order, sampling_probability=q, steps=steps,
       noise_multiplier=sigma, effective_noise_multiplier=effective,

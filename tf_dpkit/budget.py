@@ -10,7 +10,9 @@ microbatch size)``.  How each phase is accounted:
 * ``sampling="shuffle"`` (shuffle-and-batch, each example once per epoch): no amplification by
   sampling is claimed.  An example sits in exactly one batch per epoch, so the phase is
   accounted as the plain Gaussian mechanism (q = 1) composed once per epoch started,
-  ``ceil(steps / steps_per_epoch)`` times.  This is the epsilon that holds for it.
+  ``ceil(steps / steps_per_epoch)`` times.  When every phase is of this kind the composition is
+  exactly one Gaussian mechanism, and its exact epsilon is reported (``analysis.gaussian``, the
+  analytic Gaussian mechanism); mixed with Poisson phases, RDP or PLD composes them.
 * microbatches of more than one example: under add-or-remove adjacency a microbatch mean
   changes by up to the clip when one example joins, and the clipped-sum analysis needs twice
   the clip as sensitivity, so the phase is accounted with noise multiplier ``sigma / 2``.
@@ -24,7 +26,7 @@ import warnings
 
 import keras
 
-from analysis import _checks, rdp_accountant
+from analysis import _checks, gaussian, rdp_accountant
 
 SAMPLINGS = ("poisson", "shuffle")
 ACCOUNTANTS = ("rdp", "pld")
@@ -120,6 +122,11 @@ class PrivacyAccountant:
     if not mechanisms:
       return 0.0
     qs, sigmas, counts = (list(column) for column in zip(*mechanisms))
+    if all(q == 1.0 for q in qs):
+      # No amplification anywhere: exactly one Gaussian mechanism (analysis.gaussian).
+      if any(sigma == 0.0 for sigma, count in zip(sigmas, counts) if count):
+        return math.inf
+      return gaussian.composed_epsilon(sigmas, counts, delta)
     if self.accountant == "pld":
       from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
       return pld_accountant.compute_epsilon_with_rdp_cap(qs, sigmas, counts, delta).epsilon
@@ -322,7 +329,7 @@ def noise_multiplier_for_budget(target_epsilon, delta, dataset_size, batch_size,
   * ``sampling="poisson"``: q = batch_size / dataset_size for ``ceil(epochs * dataset_size /
     batch_size)`` steps (``analysis.calibration.compute_noise_multiplier_for_training``);
   * ``sampling="shuffle"``: the plain Gaussian mechanism (q = 1) once per epoch started,
-    ``ceil(epochs)`` times;
+    ``ceil(epochs)`` times, calibrated exactly (``analysis.gaussian``) whatever ``accountant``;
   * ``microbatch_size > 1`` doubles the returned sigma (the accountant uses ``sigma / 2``).
 
   Args:
@@ -339,7 +346,9 @@ def noise_multiplier_for_budget(target_epsilon, delta, dataset_size, batch_size,
         target_epsilon, delta, dataset_size, batch_size, epochs, accountant=accountant)
   else:
     steps = calibration.steps_for_training(dataset_size, batch_size, epochs)  # validates
+    _checks.check_choice("accountant", accountant, ACCOUNTANTS)
     passes = math.ceil(epochs) if steps else 0
-    sigma = calibration.compute_noise_multiplier(target_epsilon, delta, 1.0, passes,
-                                                 accountant=accountant)
+    target_epsilon = _checks.check_positive("target_epsilon", target_epsilon)
+    sigma = (0.0 if passes == 0 or math.isinf(target_epsilon) else
+             gaussian.noise_multiplier_for_epsilon(target_epsilon, delta, passes))
   return 2 * sigma if microbatch_size > 1 else sigma

@@ -110,12 +110,17 @@ def sampling_note():
 
 
 def print_final_report(accountant: PrivacyAccountant, test_accuracy: float):
-  """Prints epsilon from RDP and PLD for what was recorded, in one parseable line."""
+  """Prints epsilon from RDP and PLD for what was recorded, in one parseable line (for
+  shuffled batches both are the exact Gaussian-mechanism epsilon)."""
   state = accountant.state_dict()
   rdp = PrivacyAccountant.from_state_dict({**state, "accountant": "rdp"}).epsilon()
   pld = PrivacyAccountant.from_state_dict({**state, "accountant": "pld"}).epsilon()
   print(f"final: steps={accountant.steps} test_accuracy={test_accuracy:.4f} "
         f"epsilon_rdp={rdp:.4f} epsilon_pld={pld:.4f} delta={accountant.delta:g} "
         f"sampling={FLAGS.sampling}")
-  print(f"Trained with {sampling_note()}: ({rdp:.2f}, {accountant.delta:g})-DP by RDP accounting, "
-        f"({pld:.2f}, {accountant.delta:g})-DP by PLD accounting.")
+  if FLAGS.sampling == "poisson":
+    print(f"Trained with {sampling_note()}: ({rdp:.2f}, {accountant.delta:g})-DP by RDP "
+          f"accounting, ({pld:.2f}, {accountant.delta:g})-DP by PLD accounting.")
+  else:  # one Gaussian mechanism: both accountants report its exact epsilon
+    print(f"Trained with {sampling_note()}: ({rdp:.2f}, {accountant.delta:g})-DP exactly (the "
+          "epochs compose to one Gaussian mechanism; analytic Gaussian, Balle & Wang 2018).")

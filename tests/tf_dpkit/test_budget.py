@@ -11,6 +11,7 @@ import tf_dpkit
 from analysis import calibration, pld_accountant, rdp_accountant
 from tf_dpkit.budget import PrivacyAccountant, PrivacyBudget, noise_multiplier_for_budget
 from tf_dpkit.data import poisson_batches
+from dp_references import exact_gaussian_epsilon
 
 ORDERS = rdp_accountant.DEFAULT_ORDERS
 
@@ -50,7 +51,9 @@ def test_pld_accountant_reports_the_smaller_of_pld_and_rdp():
 def test_shuffle_is_accounted_without_amplification_and_microbatches_halve_sigma():
   acc = PrivacyAccountant(1e-5)
   acc.record(0.1, 1.2, 25, sampling="shuffle", steps_per_epoch=10)  # touches 3 epochs
-  assert math.isclose(acc.epsilon(), _rdp_eps([1.0], [1.2], [3]), rel_tol=1e-12)
+  # Unamplified only: exactly one Gaussian mechanism (mpmath reference, not analysis/).
+  assert math.isclose(acc.epsilon(), exact_gaussian_epsilon(1.2, 3, 1e-5), rel_tol=1e-9)
+  assert acc.epsilon() < _rdp_eps([1.0], [1.2], [3])
   acc = PrivacyAccountant(1e-5)
   acc.record(0.1, 1.2, 40, microbatch_size=4)
   assert math.isclose(acc.epsilon(), _rdp_eps([0.1], [0.6], [40]), rel_tol=1e-12)
@@ -230,16 +233,18 @@ def test_callback_with_microbatches_accounts_half_sigma():
                          verbose=False)
   history = model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[budget])
   # Two passes of the plain Gaussian mechanism with sigma / 2 = 0.5 (microbatches of 4).
-  assert math.isclose(history.history["epsilon"][-1], _rdp_eps([1.0], [0.5], [2]), rel_tol=1e-12)
+  assert math.isclose(history.history["epsilon"][-1], exact_gaussian_epsilon(0.5, 2, 1e-5),
+                      rel_tol=1e-9)
 
 
 @pytest.mark.parametrize("epochs", [1, 2.5])
 def test_noise_multiplier_for_budget_shuffle_and_microbatches_match_the_accountant(epochs):
   sigma = noise_multiplier_for_budget(3.0, 1e-5, 1000, 100, epochs, sampling="shuffle")
   passes = math.ceil(epochs)
-  assert sigma == calibration.compute_noise_multiplier(3.0, 1e-5, 1.0, passes)
-  assert _rdp_eps([1.0], [sigma], [passes]) <= 3.0
-  assert _rdp_eps([1.0], [sigma * 0.999], [passes]) > 3.0 * 0.999
+  # Calibrated exactly (one Gaussian mechanism), as the accountant reports it.
+  assert exact_gaussian_epsilon(sigma, passes, 1e-5) <= 3.0 * (1 + 1e-9)
+  assert exact_gaussian_epsilon(sigma * 0.999, passes, 1e-5) > 3.0
+  assert sigma < calibration.compute_noise_multiplier(3.0, 1e-5, 1.0, passes)  # RDP's sigma
   doubled = noise_multiplier_for_budget(3.0, 1e-5, 1000, 100, epochs, sampling="shuffle",
                                         microbatch_size=4)
   assert doubled == 2 * sigma
@@ -290,13 +295,14 @@ def test_keras_batched_arrays_are_accounted_as_shuffled_passes():
   budget = PrivacyBudget(BATCH / N, 1e-5, sampling="shuffle", steps_per_epoch=N // BATCH,
                          verbose=False)
   history = model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[budget])
-  # Two passes of the Gaussian mechanism (q = 1, sigma 1.1): RDP(alpha) = 2 alpha / (2 sigma^2),
-  # converted with Balle et al. (2020, Thm 21), eps(alpha) = RDP + log(1 - 1/alpha) -
-  # (log delta + log alpha) / (alpha - 1), minimised here on a fine grid of orders (numpy, not
-  # analysis/).  The accountant's orders are a coarser grid: at or above it, within 1e-3.
-  sigma, delta = 1.1, 1e-5
-  alphas = np.linspace(1.001, 100, 2_000_000)
-  eps = (2 * alphas / (2 * sigma**2) + np.log1p(-1 / alphas)
-         - (np.log(delta) + np.log(alphas)) / (alphas - 1))
-  reference = eps.min()
-  assert reference * (1 - 1e-9) <= history.history["epsilon"][-1] <= reference * (1 + 1e-3)
+  # Two passes of the Gaussian mechanism (q = 1, sigma 1.1) are exactly one Gaussian mechanism
+  # with sigma 1.1 / sqrt(2); its exact epsilon (Balle & Wang 2018) is the eps whose delta,
+  # evaluated here in 50-digit arithmetic, is 1e-5 (5.87 in issue 12).
+  import mpmath
+  mpmath.mp.dps = 50
+  sigma = mpmath.mpf(1.1) / mpmath.sqrt(2)
+  eps = mpmath.mpf(history.history["epsilon"][-1])
+  delta = mpmath.ncdf(1 / (2 * sigma) - eps * sigma) - mpmath.e**eps * mpmath.ncdf(
+      -1 / (2 * sigma) - eps * sigma)
+  assert float(delta) == pytest.approx(1e-5, rel=1e-8)
+  assert round(float(eps), 2) == 5.87
