@@ -8,7 +8,6 @@ import os
 import zipfile
 
 import numpy as np
-import pytest
 import keras
 import tensorflow as tf
 
