@@ -95,6 +95,7 @@ from typing import Sequence
 import numpy as np
 from scipy import optimize, special
 
+from analysis import accountant as _accountant
 from analysis._checks import (MAX_STEPS, check_delta, check_nonnegative, check_orders,
                               check_probability, check_real, check_same_length, check_steps)
 
@@ -103,6 +104,7 @@ __all__ = [
     "MAX_ORDER",
     "MAX_STEPS",
     "OrderAtBoundaryWarning",
+    "RdpAccountant",
     "compute_rdp",
     "compute_rdp_sample_without_replacement",
     "compute_heterogeneous_rdp",
@@ -643,3 +645,79 @@ def get_privacy_spent_optimal_order(q: float, noise_multiplier: float, steps: in
     if cont < delta:
       return eps, cont, best_alpha
   return eps, delta, order
+
+
+# ------------------------------------------------------------------------------------------
+# The accountant interface (analysis.accountant).
+
+
+class RdpAccountant(_accountant.Accountant):
+  """Renyi-DP accountant implementing :class:`analysis.accountant.Accountant`.
+
+  Supports every atom of :func:`analysis.events.flatten`: plain Gaussian releases (RDP
+  ``alpha / (2 sigma^2)``), the Poisson-subsampled Gaussian (:func:`compute_rdp`) and the
+  Gaussian sampled without replacement (:func:`compute_rdp_sample_without_replacement`).  RDP
+  adds over the composition and is converted by :func:`get_privacy_spent` over ``orders``.
+
+  Args:
+    orders: RDP orders, a non-empty sequence each in (1, 1e6] or inf; default
+      :data:`DEFAULT_ORDERS`.
+  """
+
+  def __init__(self, orders=None):
+    super().__init__()
+    alphas, _ = check_orders("orders", list(DEFAULT_ORDERS if orders is None else orders),
+                             max_finite=MAX_ORDER)
+    self._orders = tuple(float(a) for a in alphas)
+    self._rdp_cache = None
+
+  @property
+  def orders(self) -> tuple:
+    """The orders searched."""
+    return self._orders
+
+  def _check_atom(self, atom) -> None:
+    pass  # every atom kind has an RDP bound here
+
+  def _changed(self) -> None:
+    self._rdp_cache = None
+
+  def rdp(self) -> np.ndarray:
+    """The composed RDP at each of :attr:`orders` (nats)."""
+    if self._rdp_cache is None:
+      total = np.zeros(len(self._orders))
+      for atom in self.atoms:
+        if atom.sampling is None:
+          total += compute_rdp(1.0, atom.noise_multiplier, atom.count, self._orders)
+        elif isinstance(atom.sampling, tuple):
+          n, b = atom.sampling
+          total += compute_rdp_sample_without_replacement(b / n, atom.noise_multiplier,
+                                                          atom.count, self._orders)
+        else:
+          total += compute_rdp(atom.sampling, atom.noise_multiplier, atom.count, self._orders)
+      self._rdp_cache = total
+    return self._rdp_cache
+
+  def epsilon_and_order(self, delta: float):
+    """``(epsilon, optimal order, at_boundary)`` by RDP at ``delta`` in (0, 1).
+
+    ``optimal order`` is None when epsilon is inf (or nothing was composed);
+    ``at_boundary`` is True when it is the first or last of :attr:`orders`.
+    """
+    delta = check_delta("delta", delta)
+    if not self.atoms:
+      return 0.0, None, False
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always", OrderAtBoundaryWarning)
+      eps, _, order = get_privacy_spent(self._orders, self.rdp(), target_delta=delta)
+    boundary = any(issubclass(w.category, OrderAtBoundaryWarning) for w in caught)
+    return float(eps), order, boundary
+
+  def _epsilon(self, delta: float) -> float:
+    return self.epsilon_and_order(delta)[0]
+
+  def _delta(self, epsilon: float) -> float:
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", OrderAtBoundaryWarning)
+      _, delta, _ = get_privacy_spent(self._orders, self.rdp(), target_eps=epsilon)
+    return float(delta)

@@ -1,0 +1,156 @@
+"""One accountant interface: compose events, ask for epsilon or delta.
+
+    accountant = analysis.accountant.make_accountant("rdp")
+    accountant.compose(events.PoissonSampledEvent(q, events.GaussianEvent(sigma)), steps)
+    accountant.get_epsilon(1e-5)
+
+Contract of every :class:`Accountant` (RDP, PLD, and the PATE accountant to come):
+
+* ``compose(event, count=1)`` appends ``count`` runs of ``event`` (an :mod:`analysis.events`
+  event) to the ledger and returns the accountant.  An event the accountant cannot analyse is
+  refused with :class:`analysis.events.UnsupportedEventError` *before* anything is recorded;
+  so is an event whose neighbouring relation does not combine with the ledger's.
+* ``get_epsilon(delta)``: an upper bound (nats, in [0, inf]) on the smallest epsilon such that
+  the composition of everything composed so far is (epsilon, delta)-DP under
+  :attr:`neighboring_relation`; ``delta`` in (0, 1).
+* ``get_delta(epsilon)``: an upper bound, in [0, 1], on the smallest such delta at
+  ``epsilon`` >= 0.
+* :attr:`ledger`: everything composed so far, as one immutable
+  :class:`analysis.events.ComposedEvent`.
+
+Pure Gaussian compositions are exact.  When nothing in the ledger is subsampled (plain
+Gaussian releases, Poisson sampling with q = 1, shuffled batches) the composition is exactly
+one Gaussian mechanism with noise ``(sum_i k_i / sigma_i^2)^(-1/2)``
+(:mod:`analysis.gaussian`), and every accountant reports its exact epsilon and delta (the
+analytic Gaussian mechanism, Balle & Wang 2018) instead of its own bound.  This rule lives here
+and nowhere else.
+
+:func:`make_accountant` is the one place where the public accountant names (``"rdp"``,
+``"pld"``) become objects.  No TensorFlow import.
+"""
+from __future__ import annotations
+
+import abc
+import math
+
+from analysis import _checks, events, gaussian
+
+__all__ = ["ACCOUNTANTS", "Accountant", "make_accountant"]
+
+#: Public accountant names accepted by :func:`make_accountant` (and the CLI, calibration and
+#: ``tf_dpkit.budget``).
+ACCOUNTANTS = ("rdp", "pld")
+
+
+class Accountant(abc.ABC):
+  """Base class: the ledger, validation and the exact pure-Gaussian rule (see module doc)."""
+
+  def __init__(self):
+    self._events: list = []
+    self._atoms: list[events.Atom] = []
+
+  # -- interface ---------------------------------------------------------------------------
+
+  def compose(self, event: events.DpEvent, count: int = 1) -> "Accountant":
+    """Adds ``count`` (integer in [0, 2**53]) runs of ``event``; returns self."""
+    atoms = events.flatten(event, count)  # validates both
+    events.relation_of(self._atoms + atoms)
+    for atom in atoms:
+      self._check_atom(atom)
+    self._events.append(event if count == 1 else events.SelfComposedEvent(event, count))
+    self._atoms = _merge(self._atoms + atoms)
+    self._changed()
+    return self
+
+  def get_epsilon(self, delta: float) -> float:
+    """Epsilon (nats, >= 0, possibly inf) at ``delta`` in (0, 1); an upper bound."""
+    delta = _checks.check_delta("delta", delta)
+    if not self._atoms:
+      return 0.0
+    sigma = self._pure_gaussian_noise()
+    if sigma is not None:
+      return math.inf if sigma == 0.0 else gaussian.epsilon_for_delta(sigma, delta)
+    return float(self._epsilon(delta))
+
+  def get_delta(self, epsilon: float) -> float:
+    """Delta in [0, 1] at ``epsilon`` >= 0 (nats); an upper bound."""
+    epsilon = _checks.check_nonnegative("epsilon", epsilon)
+    if not self._atoms:
+      return 0.0
+    sigma = self._pure_gaussian_noise()
+    if sigma is not None:
+      if sigma == 0.0:
+        return 1.0
+      return 0.0 if math.isinf(epsilon) else gaussian.delta_for_epsilon(sigma, epsilon)
+    return float(self._delta(epsilon))
+
+  @property
+  def ledger(self) -> events.ComposedEvent:
+    """Everything composed so far, in order."""
+    return events.ComposedEvent(tuple(self._events))
+
+  @property
+  def neighboring_relation(self) -> str:
+    """The relation the guarantee holds under (:func:`analysis.events.neighboring_relation`)."""
+    return events.relation_of(self._atoms)
+
+  @property
+  def atoms(self) -> tuple:
+    """The ledger reduced to :class:`analysis.events.Atom` s (merged, order kept)."""
+    return tuple(self._atoms)
+
+  # -- for subclasses ----------------------------------------------------------------------
+
+  @abc.abstractmethod
+  def _check_atom(self, atom: events.Atom) -> None:
+    """Raises UnsupportedEventError (or ValueError) for an atom this accountant cannot take."""
+
+  @abc.abstractmethod
+  def _epsilon(self, delta: float) -> float:
+    """Epsilon of ``self.atoms`` (not all plain Gaussian)."""
+
+  @abc.abstractmethod
+  def _delta(self, epsilon: float) -> float:
+    """Delta of ``self.atoms`` (not all plain Gaussian)."""
+
+  def _changed(self) -> None:
+    """Called after every compose (drop caches)."""
+
+  def _pure_gaussian_noise(self):
+    """The one equivalent Gaussian's noise multiplier if no atom is subsampled, else None."""
+    if any(atom.sampling is not None for atom in self._atoms):
+      return None
+    if any(atom.noise_multiplier == 0.0 for atom in self._atoms):
+      return 0.0
+    return gaussian.composed_noise_multiplier([a.noise_multiplier for a in self._atoms],
+                                              [a.count for a in self._atoms])
+
+
+def _merge(atoms):
+  merged = []
+  for atom in atoms:
+    if merged and merged[-1].key == atom.key:
+      merged[-1] = events.Atom(atom.noise_multiplier, atom.sampling,
+                               merged[-1].count + atom.count, atom.relation)
+    else:
+      merged.append(atom)
+  return merged
+
+
+def make_accountant(name: str = "rdp") -> Accountant:
+  """A fresh accountant by public name.
+
+  ``"rdp"``: :class:`analysis.rdp_accountant.RdpAccountant` over
+  ``rdp_accountant.DEFAULT_ORDERS``.  ``"pld"``:
+  :class:`analysis.pld_accountant.PLDAccountant` with ``rdp_cap=True`` (the smaller of the PLD
+  and the RDP bound; see ``analysis.pld_accountant``).
+
+  Raises:
+    ValueError: ``name`` not one of :data:`ACCOUNTANTS`.
+  """
+  _checks.check_choice("accountant", name, ACCOUNTANTS)
+  if name == "pld":
+    from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
+    return pld_accountant.PLDAccountant(rdp_cap=True)
+  from analysis import rdp_accountant  # pylint: disable=g-import-not-at-top
+  return rdp_accountant.RdpAccountant()

@@ -1,0 +1,340 @@
+"""Immutable descriptions of private mechanisms ("events"), the input of every accountant.
+
+An event says what was released, not how to account it.  Accountants
+(:mod:`analysis.accountant`) turn a composition of events into (epsilon, delta).
+
+Events
+------
+* :class:`GaussianEvent` ``(noise_multiplier)``: one release of a query with L2 sensitivity
+  ``S`` plus ``N(0, (noise_multiplier * S)^2 I)``.  ``noise_multiplier`` is the noise standard
+  deviation in units of the sensitivity *under the neighbouring relation in force* (see below).
+* :class:`PoissonSampledEvent` ``(sampling_probability, event)``: ``event`` run on a Poisson
+  sample of the data (every example joins independently with probability ``q``).
+* :class:`SampledWithoutReplacementEvent` ``(source_size, sample_size, event)``: ``event`` run
+  on a uniformly random subset of exactly ``sample_size`` of the ``source_size`` examples.
+* :class:`ShuffledEvent` ``(event, steps, steps_per_epoch)``: ``steps`` runs of ``event``, each
+  on one batch of shuffle-and-batch (every epoch a random permutation is cut into
+  ``steps_per_epoch`` disjoint batches).  Each example is in at most one batch per epoch and no
+  amplification by sampling is claimed: its privacy is that of ``event`` composed
+  ``ceil(steps / steps_per_epoch)`` times (every epoch started counts in full).
+* :class:`SelfComposedEvent` ``(event, count)``: ``event`` run ``count`` times, independently.
+* :class:`ComposedEvent` ``(events)``: each of ``events`` run once, in order (adaptively).
+
+All fields are validated on construction (``ValueError`` naming the field and its range) and
+events are frozen, hashable and comparable.  :func:`flatten` reduces any event to its
+:class:`Atom` list, the one place that says what a composition is made of.
+
+Neighbouring relations
+----------------------
+The guarantee of an event depends on which pairs of data sets count as neighbours; each event
+kind holds under one relation, reported by :func:`neighboring_relation`:
+
+* ``"add_or_remove_one"``: one data set is the other plus one example.  Gaussian and Poisson
+  sampled events (for DP-SGD the clipped sum changes by at most the clipping norm ``C``).
+  For mechanisms on clipped sums it is equivalent to ``"zero_out"`` (replacing an example by
+  one that contributes zero gives the same output distribution as removing it), so these
+  events also hold under ``"zero_out"``.
+* ``"zero_out"``: one example replaced by a null example that contributes nothing (Kairouz et
+  al. 2021).  Shuffled batches: replacing an example changes exactly one batch per epoch,
+  whereas adding one would shift the batches of the others.
+* ``"replace_one"``: one example replaced by another (data sets of equal size).  Sampling
+  without replacement.  For DP-SGD the clipped sum then changes by up to ``2C``, so its
+  ``noise_multiplier`` is half the optimizer's (:func:`analysis.dp_sgd.dp_sgd_event` applies
+  this).
+
+A composition holds under the one relation all its parts share: ``"add_or_remove_one"`` with
+``"zero_out"`` gives ``"zero_out"``; ``"replace_one"`` does not mix with either (an
+:class:`IncompatibleEventsError`).
+
+No TensorFlow import.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Union
+
+from analysis import _checks
+
+__all__ = [
+    "ADD_OR_REMOVE_ONE", "REPLACE_ONE", "ZERO_OUT", "Atom", "ComposedEvent", "DpEvent",
+    "GaussianEvent", "IncompatibleEventsError", "PoissonSampledEvent",
+    "SampledWithoutReplacementEvent", "SelfComposedEvent", "ShuffledEvent",
+    "UnsupportedEventError", "flatten", "neighboring_relation", "to_dp_accounting",
+]
+
+ADD_OR_REMOVE_ONE = "add_or_remove_one"
+ZERO_OUT = "zero_out"
+REPLACE_ONE = "replace_one"
+
+
+class UnsupportedEventError(ValueError):
+  """An event (or nesting of events) that an accountant cannot account."""
+
+
+class IncompatibleEventsError(ValueError):
+  """Events composed under neighbouring relations that do not combine."""
+
+
+class DpEvent:
+  """Base class of the events in this module (frozen dataclasses)."""
+
+  __slots__ = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class GaussianEvent(DpEvent):
+  """One Gaussian release; ``noise_multiplier`` = noise std / L2 sensitivity, in [0, inf]."""
+  noise_multiplier: float
+
+  def __post_init__(self):
+    object.__setattr__(self, "noise_multiplier",
+                       _checks.check_nonnegative("noise_multiplier", self.noise_multiplier))
+
+
+@dataclasses.dataclass(frozen=True)
+class PoissonSampledEvent(DpEvent):
+  """``event`` on a Poisson sample: each example joins with probability q in [0, 1]."""
+  sampling_probability: float
+  event: DpEvent
+
+  def __post_init__(self):
+    object.__setattr__(self, "sampling_probability", _checks.check_probability(
+        "sampling_probability", self.sampling_probability))
+    _check_event("event", self.event)
+
+
+@dataclasses.dataclass(frozen=True)
+class SampledWithoutReplacementEvent(DpEvent):
+  """``event`` on ``sample_size`` examples drawn without replacement from ``source_size``.
+
+  ``source_size`` an integer >= 1; ``sample_size`` an integer in [0, source_size].
+  """
+  source_size: int
+  sample_size: int
+  event: DpEvent
+
+  def __post_init__(self):
+    n = _checks.check_integer("source_size", self.source_size, minimum=1)
+    b = _checks.check_integer("sample_size", self.sample_size, minimum=0, maximum=n)
+    object.__setattr__(self, "source_size", n)
+    object.__setattr__(self, "sample_size", b)
+    _check_event("event", self.event)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShuffledEvent(DpEvent):
+  """``steps`` runs of ``event`` on shuffle-and-batch batches, ``steps_per_epoch`` per epoch.
+
+  ``steps`` an integer >= 0, ``steps_per_epoch`` an integer >= 1.  Accounted as ``event``
+  composed :attr:`epochs` ``= ceil(steps / steps_per_epoch)`` times, under ``"zero_out"``.
+  """
+  event: DpEvent
+  steps: int
+  steps_per_epoch: int
+
+  def __post_init__(self):
+    _check_event("event", self.event)
+    object.__setattr__(self, "steps", _checks.check_steps("steps", self.steps))
+    object.__setattr__(self, "steps_per_epoch", _checks.check_integer(
+        "steps_per_epoch", self.steps_per_epoch, minimum=1))
+
+  @property
+  def epochs(self) -> int:
+    """Epochs started: ``ceil(steps / steps_per_epoch)``."""
+    return -(-self.steps // self.steps_per_epoch)
+
+
+@dataclasses.dataclass(frozen=True)
+class SelfComposedEvent(DpEvent):
+  """``event`` run ``count`` (an integer in [0, 2**53]) times."""
+  event: DpEvent
+  count: int
+
+  def __post_init__(self):
+    _check_event("event", self.event)
+    object.__setattr__(self, "count", _checks.check_steps("count", self.count))
+
+
+@dataclasses.dataclass(frozen=True)
+class ComposedEvent(DpEvent):
+  """Each of ``events`` (a sequence of events, possibly empty) run once, in order."""
+  events: tuple
+
+  def __post_init__(self):
+    if isinstance(self.events, (DpEvent, str, bytes)) or not hasattr(self.events, "__iter__"):
+      raise ValueError(f"events must be a sequence of events, got {_checks._describe(self.events)}.")  # pylint: disable=protected-access
+    events = tuple(self.events)
+    for i, event in enumerate(events):
+      _check_event(f"events[{i}]", event)
+    object.__setattr__(self, "events", events)
+
+
+def _check_event(name: str, event: Any) -> None:
+  if not isinstance(event, DpEvent):
+    raise ValueError(f"{name} must be an analysis.events event (e.g. GaussianEvent), got "
+                     f"{type(event).__name__} {event!r:.80}.")
+
+
+# ------------------------------------------------------------------------------------------
+# Reduction to atoms.
+
+
+@dataclasses.dataclass(frozen=True)
+class Atom:
+  """``count`` compositions of a Gaussian release, subsampled or not.
+
+  ``sampling`` is ``None`` (the plain Gaussian), a ``float`` q (Poisson sampling with rate q)
+  or a pair ``(source_size, sample_size)`` (sampling without replacement);
+  ``relation`` is the neighbouring relation the atom's guarantee holds under.
+  """
+  noise_multiplier: float
+  sampling: Union[None, float, tuple]
+  count: int
+  relation: str
+
+  @property
+  def key(self):
+    """What identifies the mechanism (all but the count)."""
+    return (self.noise_multiplier, self.sampling, self.relation)
+
+
+def flatten(event: DpEvent, count: int = 1) -> list[Atom]:
+  """The atoms of ``count`` runs of ``event``, in order; equal neighbours merged.
+
+  Atoms with count 0, sampling probability 0, sample size 0 or infinite noise release nothing
+  and are dropped.
+
+  Raises:
+    UnsupportedEventError: a nesting no accountant here handles (sampling of anything but a
+      Gaussian release, e.g. Poisson sampling of a composition).
+  """
+  _check_event("event", event)
+  count = _checks.check_steps("count", count)
+  atoms: list[Atom] = []
+  _flatten_into(event, count, atoms)
+  merged: list[Atom] = []
+  for atom in atoms:
+    if merged and merged[-1].key == atom.key:
+      merged[-1] = dataclasses.replace(merged[-1], count=merged[-1].count + atom.count)
+    else:
+      merged.append(atom)
+  return merged
+
+
+def _flatten_into(event: DpEvent, count: int, atoms: list) -> None:
+  if count == 0:
+    return
+  if isinstance(event, SelfComposedEvent):
+    _flatten_into(event.event, _checks.check_steps("count", count * event.count), atoms)
+  elif isinstance(event, ComposedEvent):
+    inner: list[Atom] = []
+    for part in event.events:
+      _flatten_into(part, 1, inner)
+    for atom in inner:
+      atoms.append(dataclasses.replace(
+          atom, count=_checks.check_steps("count", atom.count * count)))
+  elif isinstance(event, ShuffledEvent):
+    inner = []
+    _flatten_into(event.event, _checks.check_steps("count", count * event.epochs), inner)
+    for atom in inner:
+      if atom.relation == REPLACE_ONE:
+        raise UnsupportedEventError(
+            "ShuffledEvent of a sampled-without-replacement event is not supported: shuffled "
+            "batches are accounted under zero-out adjacency, sampling without replacement "
+            "under replace-one.")
+      atoms.append(dataclasses.replace(atom, relation=ZERO_OUT))
+  elif isinstance(event, GaussianEvent):
+    if not math.isinf(event.noise_multiplier):
+      atoms.append(Atom(event.noise_multiplier, None, count, ADD_OR_REMOVE_ONE))
+  elif isinstance(event, PoissonSampledEvent):
+    sigma = _sampled_gaussian(event, "PoissonSampledEvent")
+    q = event.sampling_probability
+    if q == 1.0:
+      _flatten_into(event.event, count, atoms)
+    elif q > 0.0 and not math.isinf(sigma):
+      atoms.append(Atom(sigma, q, count, ADD_OR_REMOVE_ONE))
+  elif isinstance(event, SampledWithoutReplacementEvent):
+    sigma = _sampled_gaussian(event, "SampledWithoutReplacementEvent")
+    if event.sample_size > 0 and not math.isinf(sigma):
+      atoms.append(Atom(sigma, (event.source_size, event.sample_size), count, REPLACE_ONE))
+  else:
+    raise UnsupportedEventError(f"Unsupported event {event!r}.")
+
+
+def _sampled_gaussian(event, kind: str) -> float:
+  if not isinstance(event.event, GaussianEvent):
+    raise UnsupportedEventError(
+        f"{kind} must wrap a GaussianEvent (the subsampled Gaussian is what the accountants "
+        f"analyse), got {type(event.event).__name__}; compose sampled Gaussian events instead.")
+  return event.event.noise_multiplier
+
+
+def neighboring_relation(event: DpEvent) -> str:
+  """The neighbouring relation under which every part of ``event`` holds (see module doc).
+
+  Returns ``"add_or_remove_one"`` (nothing released also gives this), ``"zero_out"`` or
+  ``"replace_one"``.
+
+  Raises:
+    IncompatibleEventsError: ``event`` mixes replace-one parts with the others.
+  """
+  return relation_of(flatten(event))
+
+
+def relation_of(atoms) -> str:
+  """The common neighbouring relation of ``atoms`` (see :func:`neighboring_relation`)."""
+  relations = {atom.relation for atom in atoms}
+  if REPLACE_ONE in relations and len(relations) > 1:
+    raise IncompatibleEventsError(
+        "Cannot compose sampling without replacement (replace-one adjacency) with Poisson or "
+        "shuffled batches (add-or-remove / zero-out adjacency): no single neighbouring relation "
+        "covers both. Account them separately.")
+  if REPLACE_ONE in relations:
+    return REPLACE_ONE
+  if ZERO_OUT in relations:
+    return ZERO_OUT
+  return ADD_OR_REMOVE_ONE
+
+
+# ------------------------------------------------------------------------------------------
+# Export.
+
+
+def to_dp_accounting(event: DpEvent):
+  """The equivalent ``dp_accounting`` event (optional dependency ``dp-accounting``).
+
+  Each event maps to its namesake; a :class:`ShuffledEvent` becomes
+  ``SelfComposedDpEvent(inner, epochs)``, which is how it is accounted.  Mind the neighbouring
+  relation when composing the result: build dp_accounting's accountant with
+  ``NeighboringRelation.REPLACE_ONE`` for without-replacement events, ``ADD_OR_REMOVE_ONE``
+  otherwise (dp_accounting has no zero-out relation; its add-or-remove accounting of these
+  events gives the same numbers).
+
+  Raises:
+    ImportError: ``dp_accounting`` is not installed (the message says how to install it).
+  """
+  try:
+    import dp_accounting  # pylint: disable=g-import-not-at-top
+  except ImportError as error:
+    raise ImportError("to_dp_accounting needs the optional package dp-accounting: "
+                      "pip install dp-accounting") from error
+  _check_event("event", event)
+  return _export(event, dp_accounting)
+
+
+def _export(event, dpa):
+  if isinstance(event, GaussianEvent):
+    return dpa.GaussianDpEvent(event.noise_multiplier)
+  if isinstance(event, PoissonSampledEvent):
+    return dpa.PoissonSampledDpEvent(event.sampling_probability, _export(event.event, dpa))
+  if isinstance(event, SampledWithoutReplacementEvent):
+    return dpa.SampledWithoutReplacementDpEvent(event.source_size, event.sample_size,
+                                                _export(event.event, dpa))
+  if isinstance(event, ShuffledEvent):
+    return dpa.SelfComposedDpEvent(_export(event.event, dpa), event.epochs)
+  if isinstance(event, SelfComposedEvent):
+    return dpa.SelfComposedDpEvent(_export(event.event, dpa), event.count)
+  if isinstance(event, ComposedEvent):
+    return dpa.ComposedDpEvent([_export(e, dpa) for e in event.events])
+  raise UnsupportedEventError(f"Unsupported event {event!r}.")  # pragma: no cover
