@@ -87,7 +87,7 @@ def composed_noise_multiplier(sigmas, counts) -> float:
     sigma = _checks.check_positive(f"sigmas[{i}]", sigma)
     count = _checks.check_count(f"counts[{i}]", count)
     if count and not math.isinf(sigma):
-      total += count / sigma**2
+      total += count / sigma / sigma  # inf when sigma**2 underflows: no noise
   return math.inf if total == 0.0 else 1.0 / math.sqrt(total)
 
 

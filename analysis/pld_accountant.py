@@ -119,6 +119,8 @@ from scipy import fft as sp_fft
 from scipy import signal as sp_signal
 from scipy import special
 
+from analysis import accountant as _accountant
+from analysis import events as _events
 from analysis import rdp_accountant
 from analysis._checks import (check_delta, check_finite_positive, check_nonnegative,
                               check_probability, check_same_length, check_steps)
@@ -609,28 +611,39 @@ def _compose_direction(steps_pmfs, h: float):
                             p_inf_total, wrap_mass, lams, log_mgf), size
 
 
-class PLDAccountant:
-  """Accumulates DP-SGD phases and answers (eps, delta) queries by PLD composition.
+class PLDAccountant(_accountant.Accountant):
+  """PLD accountant implementing :class:`analysis.accountant.Accountant`.
 
-  Every phase is ``steps`` steps of the Poisson-subsampled Gaussian mechanism with sampling
-  probability ``q`` and noise multiplier ``sigma``, under add-or-remove-one adjacency.  Phases
-  commute, so identical (q, sigma) phases are merged.  The composed PLDs are built lazily on the
-  first query and cached until the next ``compose``.
+  Supports plain Gaussian releases and the Poisson-subsampled Gaussian (``q`` in [0, 1],
+  add-or-remove-one or zero-out adjacency), i.e. the atoms of :func:`analysis.events.flatten`
+  except sampling without replacement (use the RDP accountant for those).  Atoms with the same
+  (q, sigma) are merged (composition commutes).  The composed PLDs are built lazily on the
+  first query and cached until the next ``compose``.  Noise multipliers below 1e-3 are
+  accounted as 0 and above 1e12 as 1e12 (sound; see the module docstring).  At most 1e10
+  steps in total.
 
   Args:
     value_discretization_interval: grid spacing ``h`` of privacy losses, in nats, in (0, 1].
       Smaller is tighter and slower (cost ~ 1/h); the excess of the bound shrinks ~h^2.
+    rdp_cap: if True, :meth:`get_epsilon` / :meth:`get_delta` report the smaller of the PLD
+      and the RDP bound (both valid; see :func:`compute_epsilon_with_rdp_cap`); this is what
+      the public accountant name ``"pld"`` means.  Default False: the PLD bound alone.
 
   Raises:
     ValueError: h outside (0, 1]; in :meth:`compose`, an argument out of range or a total
       number of steps above :data:`MAX_STEPS` (1e10).
+    analysis.events.UnsupportedEventError: in :meth:`compose`, sampling without replacement.
   """
 
-  def __init__(self, value_discretization_interval: float = 1e-4):
+  def __init__(self, value_discretization_interval: float = 1e-4, *, rdp_cap: bool = False):
+    super().__init__()
     self._h = _check_value_discretization_interval(value_discretization_interval)
-    self._phases: dict[tuple[float, float], int] = {}
+    if not isinstance(rdp_cap, bool):
+      raise ValueError(f"rdp_cap must be True or False, got {rdp_cap!r}.")
+    self._rdp_cap = rdp_cap
     self._composed = None
     self._h_used = self._h
+    self.last_from_rdp = False
 
   @property
   def value_discretization_interval(self) -> float:
@@ -643,26 +656,29 @@ class PLDAccountant:
     would otherwise exceed 2**22 points)."""
     return self._h_used
 
-  def compose(self, sampling_probability: float, noise_multiplier: float,
-              steps: int = 1) -> PLDAccountant:
-    """Adds ``steps`` (integer in [0, 1e10]) steps with q in [0, 1] and noise multiplier >= 0.
+  @property
+  def _phases(self) -> dict:
+    """{(q, accounted sigma): steps} of the ledger (q = 1 for plain Gaussian releases)."""
+    phases: dict[tuple[float, float], int] = {}
+    for atom in self.atoms:
+      key = (1.0 if atom.sampling is None else atom.sampling,
+             _accounted_noise(atom.noise_multiplier))
+      phases[key] = phases.get(key, 0) + atom.count
+    return phases
 
-    Returns self.  Steps with q = 0, noise = inf or steps = 0 leak nothing and are dropped.
-    Noise multipliers below 1e-3 are accounted as 0 and above 1e12 as 1e12 (sound; see the
-    module docstring).  The accountant holds at most 1e10 steps in total.
-    """
-    q, sigma, count = _check_phase(sampling_probability, noise_multiplier, steps)
-    if count == 0 or q == 0.0 or math.isinf(sigma):
-      return self
-    total = sum(self._phases.values()) + count
+  def _check_atom(self, atom) -> None:
+    if isinstance(atom.sampling, tuple):
+      raise _events.UnsupportedEventError(
+          "The PLD accountant does not support sampling without replacement; use the RDP "
+          "accountant (analysis.rdp_accountant.RdpAccountant, accountant='rdp').")
+    total = sum(a.count for a in self.atoms) + atom.count
     if total > MAX_STEPS:
       raise ValueError(
           f"steps must keep the accountant's total in [0, {MAX_STEPS}] ({_STEPS_WHY}); "
-          f"adding {count} steps would make it {total}.")
-    key = (q, _accounted_noise(sigma))
-    self._phases[key] = self._phases.get(key, 0) + count
+          f"adding {atom.count} steps would make it {total}.")
+
+  def _changed(self) -> None:
     self._composed = None
-    return self
 
   def _build(self):
     if self._composed is not None:
@@ -697,28 +713,33 @@ class PLDAccountant:
       h *= too_big / _MAX_GRID_SIZE * 1.05
     raise RuntimeError("PLD grid could not be sized; this is a bug.")  # pragma: no cover
 
-  def get_epsilon(self, delta: float) -> float:
-    """Smallest epsilon >= 0 (nats) such that the run is (epsilon, delta)-DP; inf if none.
-
-    ``delta`` must be in (0, 1).  The value is an upper bound on the exact epsilon (up to
-    float64 round-off); its excess is second order in h.
-    """
+  def pld_epsilon(self, delta: float) -> float:
+    """The PLD bound on epsilon alone (no exact-Gaussian rule, no RDP cap); delta in (0, 1)."""
     delta = check_delta("delta", delta)
     composed = self._build()
-    if not composed:
-      return 0.0
-    return max(pld.epsilon(delta) for pld in composed)
+    return max(pld.epsilon(delta) for pld in composed) if composed else 0.0
 
-  def get_delta(self, epsilon: float) -> float:
-    """Smallest delta in [0, 1] such that the run is (epsilon, delta)-DP; an upper bound.
-
-    ``epsilon`` must be >= 0 (inf allowed, giving the mass of infinite privacy loss).
-    """
+  def pld_delta(self, epsilon: float) -> float:
+    """The PLD bound on delta alone (no exact-Gaussian rule, no RDP cap); epsilon >= 0."""
     epsilon = check_nonnegative("epsilon", epsilon)
     composed = self._build()
-    if not composed:
-      return 0.0
-    return max(pld.delta(epsilon) for pld in composed)
+    return max(pld.delta(epsilon) for pld in composed) if composed else 0.0
+
+  def _epsilon(self, delta: float) -> float:
+    pld_eps = self.pld_epsilon(delta)
+    self.last_from_rdp = False
+    if self._rdp_cap:
+      rdp_eps, _ = _rdp_epsilon([(q, s, c) for (q, s), c in self._phases.items()], delta)
+      if rdp_eps < pld_eps:
+        self.last_from_rdp = True
+        return rdp_eps
+    return pld_eps
+
+  def _delta(self, epsilon: float) -> float:
+    pld_delta = self.pld_delta(epsilon)
+    if self._rdp_cap:
+      pld_delta = min(pld_delta, _rdp_accountant_for(self._phases).get_delta(epsilon))
+    return pld_delta
 
 
 # ------------------------------------------------------------------------------------------
@@ -746,7 +767,7 @@ def compute_epsilon(sampling_probability: float, noise_multiplier: float, steps:
   q, sigma, count = _check_phase(sampling_probability, noise_multiplier, steps)
   delta = check_delta("delta", delta)
   accountant = PLDAccountant(value_discretization_interval)
-  return accountant.compose(q, sigma, count).get_epsilon(delta)
+  return accountant.compose(_poisson(q, sigma), count).pld_epsilon(delta)
 
 
 def compute_delta(sampling_probability: float, noise_multiplier: float, steps: int,
@@ -760,7 +781,7 @@ def compute_delta(sampling_probability: float, noise_multiplier: float, steps: i
   q, sigma, count = _check_phase(sampling_probability, noise_multiplier, steps)
   epsilon = check_nonnegative("epsilon", epsilon)
   accountant = PLDAccountant(value_discretization_interval)
-  return accountant.compose(q, sigma, count).get_delta(epsilon)
+  return accountant.compose(_poisson(q, sigma), count).pld_delta(epsilon)
 
 
 def compute_epsilon_heterogeneous(sampling_probabilities: Sequence[float],
@@ -783,8 +804,8 @@ def compute_epsilon_heterogeneous(sampling_probabilities: Sequence[float],
     q, sigma, count = _check_phase(
         sampling_probabilities[i], noise_multipliers[i], steps_list[i],
         names=(f"sampling_probabilities[{i}]", f"noise_multipliers[{i}]", f"steps_list[{i}]"))
-    accountant.compose(q, sigma, count)
-  return accountant.get_epsilon(delta)
+    accountant.compose(_poisson(q, sigma), count)
+  return accountant.pld_epsilon(delta)
 
 
 class CappedEpsilon(NamedTuple):
@@ -802,6 +823,18 @@ class CappedEpsilon(NamedTuple):
   rdp_epsilon: float
   rdp_order: float | None
   from_rdp: bool
+
+
+def _poisson(q: float, sigma: float) -> _events.DpEvent:
+  return _events.PoissonSampledEvent(q, _events.GaussianEvent(sigma))
+
+
+def _rdp_accountant_for(phases: dict) -> rdp_accountant.RdpAccountant:
+  """An RDP accountant holding {(q, sigma): steps} phases."""
+  rdp = rdp_accountant.RdpAccountant()
+  for (q, sigma), count in phases.items():
+    rdp.compose(_poisson(q, sigma), count)
+  return rdp
 
 
 def _rdp_epsilon(phases, delta: float):

@@ -15,9 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import optimize, special
 
+from analysis import events
 from analysis import pld_accountant as pld
 from analysis import rdp_accountant
 from dp_references import dp_accounting as _dp_accounting, dp_rdp as _dp_rdp, dp_pld as _dp_pld
+
+def _poisson(q, sigma):
+  return events.PoissonSampledEvent(q, events.GaussianEvent(sigma))
+
 
 MNIST_Q = 256 / 60000
 MNIST_SIGMA = 1.1
@@ -242,7 +247,7 @@ def test_capped_epsilon_of_several_phases_and_edge_cases():
 def test_full_batch_is_the_gaussian_mechanism(sigma, steps):
   """q = 1 is the Gaussian mechanism with std sigma / sqrt(steps): an upper bound, tight."""
   s = sigma / math.sqrt(steps)
-  accountant = pld.PLDAccountant().compose(1.0, sigma, steps)
+  accountant = pld.PLDAccountant().compose(_poisson(1.0, sigma), steps)
   for epsilon in (0.3, 1.0, 2.5):
     exact = _gaussian_delta(epsilon, s)
     ours = accountant.get_delta(epsilon)
@@ -287,7 +292,7 @@ def test_coarser_nested_grid_is_more_pessimistic():
 
 
 def test_delta_and_epsilon_are_inverse():
-  accountant = pld.PLDAccountant().compose(0.01, 1.2, 2000)
+  accountant = pld.PLDAccountant().compose(_poisson(0.01, 1.2), 2000)
   for delta in (1e-4, 1e-6, 1e-8):
     epsilon = accountant.get_epsilon(delta)
     assert accountant.get_delta(epsilon) == pytest.approx(delta, rel=1e-9)
@@ -333,7 +338,7 @@ def test_heterogeneous_and_accountant_match_homogeneous():
   assert arrays == pytest.approx(single, rel=1e-12)
   accountant = pld.PLDAccountant()
   for _ in range(10):
-    accountant.compose(0.02, 1.1, 100)
+    accountant.compose(_poisson(0.02, 1.1), 100)
   assert accountant.get_epsilon(1e-5) == pytest.approx(single, rel=1e-12)
   # Zero-step and q = 0 phases change nothing.
   padded = pld.compute_epsilon_heterogeneous([0.5, 0.02, 0.0], [0.1, 1.1, 0.0], [0, 1000, 50],
@@ -424,19 +429,28 @@ def test_step_counts_up_to_1e10_work_and_larger_ones_are_clear_errors():
   }
   for steps, message in cases.items():
     for call in (lambda: pld.compute_epsilon(0.01, 1.0, steps, 1e-5),
-                 lambda: pld.compute_delta(0.01, 1.0, steps, 1.0),
-                 lambda: pld.PLDAccountant().compose(0.01, 1.0, steps)):
+                 lambda: pld.compute_delta(0.01, 1.0, steps, 1.0)):
       with pytest.raises(ValueError) as info:
         call()  # 10**400 used to raise OverflowError
       assert str(info.value) == message
     with pytest.raises(ValueError) as info:
       pld.compute_epsilon_heterogeneous([0.01], [1.0], [steps], 1e-5)
     assert str(info.value) == message.replace("steps", "steps_list[0]", 1)
+  # The accountant interface names its own argument, count.
+  with pytest.raises(ValueError) as info:
+    pld.PLDAccountant().compose(_poisson(0.01, 1.0), 10**10 + 1)
+  assert str(info.value) == (f"steps must keep the accountant's total in [0, 10000000000] {why}; "
+                             "adding 10000000001 steps would make it 10000000001.")
+  with pytest.raises(ValueError) as info:
+    pld.PLDAccountant().compose(_poisson(0.01, 1.0), 10**400)
+  assert str(info.value) == ("count must be an integer in [0, 2**53 = 9007199254740992], got 1.000e+400 "
+                             "(an integer of 401 digits).")
   total = ("steps must keep the accountant's total in [0, 10000000000] (the PLD accountant's "
            "supported range; use the RDP accountant beyond it); adding 6000000000 steps would "
            "make it 12000000000.")
   with pytest.raises(ValueError) as info:
-    pld.PLDAccountant().compose(0.01, 1.0, 6 * 10**9).compose(0.02, 1.0, 6 * 10**9)
+    pld.PLDAccountant().compose(_poisson(0.01, 1.0), 6 * 10**9).compose(
+        _poisson(0.02, 1.0), 6 * 10**9)
   assert str(info.value) == total
   with pytest.raises(ValueError) as info:
     pld.compute_epsilon_heterogeneous([0.01, 0.02], [1.0, 1.0], [6 * 10**9] * 2, 1e-5)
@@ -548,7 +562,7 @@ def test_accountant_rejects_bad_arguments():
     pld.PLDAccountant(value_discretization_interval=0.0)
   accountant = pld.PLDAccountant()
   with pytest.raises(ValueError, match="sampling_probability"):
-    accountant.compose(1.01, 1.0, 1)
+    accountant.compose(_poisson(1.01, 1.0), 1)
   with pytest.raises(ValueError, match="delta"):
     accountant.get_epsilon(1.0)
   with pytest.raises(ValueError, match="epsilon"):
@@ -571,7 +585,7 @@ _SETTINGS = settings(max_examples=8, deadline=None, derandomize=True)
 @_SETTINGS
 @given(_q, _sigma, _steps, st.floats(1e-10, 0.5), st.floats(1e-10, 0.5))
 def test_epsilon_non_increasing_in_delta(q, sigma, steps, d1, d2):
-  accountant = pld.PLDAccountant(_H).compose(q, sigma, steps)
+  accountant = pld.PLDAccountant(_H).compose(_poisson(q, sigma), steps)
   lo, hi = sorted((d1, d2))
   assert accountant.get_epsilon(lo) >= accountant.get_epsilon(hi)
 
