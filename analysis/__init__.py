@@ -1,6 +1,11 @@
 """Privacy accounting for DP-SGD, in pure Python/NumPy/SciPy (no TensorFlow import).
 
 Modules:
+  events                  Immutable descriptions of private mechanisms (Gaussian, Poisson-sampled,
+                          sampled without replacement, shuffled, composed), the accountants' input.
+  accountant              The accountant interface (compose / get_epsilon / get_delta) and
+                          make_accountant("rdp" | "pld"); pure Gaussian compositions are exact.
+  dp_sgd                  The one rule from a DP-SGD configuration to its event.
   rdp_accountant          Renyi-DP of the (sub)sampled Gaussian mechanism and conversion to (eps, delta).
   pld_accountant          Privacy-loss-distribution (FFT) accounting; tighter than RDP unless
                           its grid is coarsened (very many steps): the "pld" accountant

@@ -35,7 +35,7 @@ import math
 
 from analysis import _checks, events, gaussian
 
-__all__ = ["ACCOUNTANTS", "Accountant", "make_accountant"]
+__all__ = ["ACCOUNTANTS", "Accountant", "group_privacy_epsilon", "make_accountant"]
 
 #: Public accountant names accepted by :func:`make_accountant` (and the CLI, calibration and
 #: ``tf_dpkit.budget``).
@@ -154,3 +154,55 @@ def make_accountant(name: str = "rdp") -> Accountant:
     return pld_accountant.PLDAccountant(rdp_cap=True)
   from analysis import rdp_accountant  # pylint: disable=g-import-not-at-top
   return rdp_accountant.RdpAccountant()
+
+
+def group_privacy_epsilon(accountant: Accountant, group_size: int, delta: float) -> float:
+  """Epsilon at ``delta`` for neighbours that differ in up to ``group_size`` examples.
+
+  Group privacy (e.g. Vadhan 2017, Lemma 2.2; Dwork & Roth 2014): an (eps, d)-DP mechanism is
+  ``(k eps, k e^{(k-1) eps} d)``-DP for data sets differing in k examples.  The per-example
+  ``d`` is searched (on a log grid, then bisection) for the smallest ``k eps(d)`` subject to
+  ``k e^{(k-1) eps(d)} d <= delta``; the value returned was evaluated at a feasible ``d``, so
+  it is a valid bound.
+
+  Args:
+    accountant: the per-example accountant (anything composed).
+    group_size: k, integer >= 1 (1 gives ``accountant.get_epsilon(delta)``).
+    delta: in (0, 1).
+
+  Returns:
+    Epsilon (nats) in [0, inf]; inf when no feasible per-example delta above 1e-300 exists.
+  """
+  k = _checks.check_integer("group_size", group_size, minimum=1)
+  delta = _checks.check_delta("delta", delta)
+  if k == 1:
+    return accountant.get_epsilon(delta)
+
+  def slack(log_d):
+    """(feasible?, k eps) at per-example delta exp(log_d)."""
+    eps = accountant.get_epsilon(math.exp(log_d))
+    if math.isinf(eps):
+      return False, math.inf
+    return math.log(k) + (k - 1) * eps + log_d <= math.log(delta), k * eps
+
+  log_high = math.log(delta / k)
+  feasible, value = slack(log_high)
+  if feasible:
+    return value
+  log_low = log_high
+  while True:
+    log_low -= 2.0
+    if log_low < math.log(1e-300):
+      return math.inf
+    feasible, value = slack(log_low)
+    if feasible:
+      break
+    log_high = log_low
+  for _ in range(40):
+    middle = 0.5 * (log_low + log_high)
+    ok, candidate = slack(middle)
+    if ok:
+      log_low, value = middle, candidate
+    else:
+      log_high = middle
+  return value

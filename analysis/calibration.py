@@ -27,12 +27,12 @@ import.
 from __future__ import annotations
 
 import math
-import warnings
 from fractions import Fraction
 
 import numpy as np
 
-from analysis import rdp_accountant
+from analysis import accountant as _accountant
+from analysis import dp_sgd, rdp_accountant
 from analysis._checks import (MAX_STEPS, _describe, check_choice, check_count, check_delta,
                               check_orders, check_positive, check_probability, check_real,
                               check_steps)
@@ -40,30 +40,25 @@ from analysis._checks import (MAX_STEPS, _describe, check_choice, check_count, c
 __all__ = ["compute_noise_multiplier", "compute_noise_multiplier_for_training",
            "steps_for_training", "ACCOUNTANTS"]
 
-ACCOUNTANTS = ("rdp", "pld")
+ACCOUNTANTS = _accountant.ACCOUNTANTS
 _MAX_NOISE = 1e4
 _MIN_NOISE = 1e-3
 _MAX_ITERATIONS = 200
 _ORDER_WINDOW = 6
 
 
-def _epsilon_function(q: float, steps: int, delta: float, accountant: str, orders):
-  """sigma -> epsilon (nats, upper bound) for the chosen accountant ("pld": min(PLD, RDP))."""
-  if accountant == "pld":
-    from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
+def _epsilon_function(event_of, delta: float, accountant: str, orders):
+  """sigma -> epsilon (nats, upper bound) of ``event_of(sigma)`` with the named accountant."""
+  if accountant != "rdp":
+    def eps_other(sigma: float) -> float:
+      return _accountant.make_accountant(accountant).compose(event_of(sigma)).get_epsilon(delta)
 
-    def eps_pld(sigma: float) -> float:
-      return pld_accountant.compute_epsilon_with_rdp_cap([q], [sigma], [steps], delta).epsilon
-
-    return eps_pld
+    return eps_other
 
   def eps_over(window):
-    rdp = rdp_accountant.compute_rdp(q, sigma_now[0], steps, window)
-    with warnings.catch_warnings():
-      # An optimum at the edge of the orders is still a valid (if looser) bound.
-      warnings.simplefilter("ignore", rdp_accountant.OrderAtBoundaryWarning)
-      eps, _, order = rdp_accountant.get_privacy_spent(window, rdp, target_delta=delta)
-    return float(eps), (None if order is None else window.index(order))
+    rdp = rdp_accountant.RdpAccountant(window).compose(event_of(sigma_now[0]))
+    eps, order, _ = rdp.epsilon_and_order(delta)
+    return eps, (None if order is None else window.index(order))
 
   # The search probes nearby sigmas, whose optimal orders are near each other in the list: after
   # the first probe only a window of _ORDER_WINDOW orders each side of the last optimum is
@@ -125,19 +120,34 @@ def compute_noise_multiplier(target_epsilon: float, target_delta: float,
     ValueError: an argument out of range (named in the message), or target_epsilon too small
       to be met even with sigma = 1e4 (the message names target_epsilon).
   """
+  q = check_probability("sampling_probability", sampling_probability)
+  target_epsilon, target_delta, orders, tolerance = _check_search(
+      target_epsilon, target_delta, accountant, steps, orders, tolerance)
+  steps = int(steps)
+  if q == 0.0 or steps == 0 or target_epsilon == math.inf:
+    return 0.0
+
+  eps_of = _epsilon_function(
+      lambda sigma: dp_sgd.dp_sgd_event(sigma, steps, sampling_probability=q), target_delta,
+      accountant, orders)
+  return _smallest_noise(eps_of, target_epsilon, tolerance,
+                         f"at target_delta={target_delta!r} with q={q!r} over {steps} steps")
+
+
+def _check_search(target_epsilon, target_delta, accountant, steps, orders, tolerance):
+  """Validates the search arguments; returns (target_epsilon, target_delta, orders, tolerance)."""
   target_epsilon = check_positive("target_epsilon", target_epsilon)
   target_delta = check_delta("target_delta", target_delta)
-  q = check_probability("sampling_probability", sampling_probability)
   check_choice("accountant", accountant, ACCOUNTANTS)
   if accountant == "pld":
     from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
-    steps = check_steps("steps", steps, maximum=pld_accountant.MAX_STEPS,
-                        why="the PLD accountant's supported range")
+    check_steps("steps", steps, maximum=pld_accountant.MAX_STEPS,
+                why="the PLD accountant's supported range")
     if orders is not None:
       raise ValueError("orders must be None with accountant='pld' (the PLD accountant has no "
                        f"Renyi orders), got {orders!r}.")
   else:
-    steps = check_steps("steps", steps)
+    check_steps("steps", steps)
   tolerance = check_real("tolerance", tolerance)
   if not 0.0 < tolerance < 1.0:
     raise ValueError(f"tolerance must be in (0, 1), got {tolerance!r}.")
@@ -146,10 +156,11 @@ def compute_noise_multiplier(target_epsilon: float, target_delta: float,
   else:
     orders = list(check_orders("orders", orders if not isinstance(orders, np.ndarray)
                                else list(orders), max_finite=rdp_accountant.MAX_ORDER)[0])
-  if q == 0.0 or steps == 0 or target_epsilon == math.inf:
-    return 0.0
+  return target_epsilon, target_delta, orders, tolerance
 
-  eps_of = _epsilon_function(q, steps, target_delta, accountant, orders)
+
+def _smallest_noise(eps_of, target_epsilon: float, tolerance: float, run: str) -> float:
+  """Smallest sigma in [_MIN_NOISE, _MAX_NOISE] with eps_of(sigma) <= target (module doc)."""
   cache: dict[float, float] = {}
 
   def excess(sigma: float) -> float:
@@ -170,8 +181,8 @@ def compute_noise_multiplier(target_epsilon: float, target_delta: float,
         break
       if hi >= _MAX_NOISE:
         raise ValueError(
-            f"target_epsilon={target_epsilon!r} cannot be met at target_delta={target_delta!r} "
-            f"with q={q!r} over {steps} steps even with noise_multiplier={_MAX_NOISE:g}; "
+            f"target_epsilon={target_epsilon!r} cannot be met {run} even with "
+            f"noise_multiplier={_MAX_NOISE:g}; "
             "raise target_epsilon (or target_delta), or use fewer steps or a smaller q.")
       lo = hi
   else:
@@ -250,27 +261,64 @@ def steps_for_training(dataset_size: int, batch_size: int, epochs: float) -> int
 
 def compute_noise_multiplier_for_training(target_epsilon: float, target_delta: float,
                                           dataset_size: int, batch_size: int, epochs: float,
-                                          *, accountant: str = "rdp", orders=None,
+                                          *, sampling: str = "poisson", microbatch_size: int = 1,
+                                          steps_per_epoch: int | None = None,
+                                          accountant: str = "rdp", orders=None,
                                           tolerance: float = 1e-4) -> float:
   """Smallest noise multiplier for DP-SGD training to an (eps, delta) budget.
 
-  Poisson sampling with q = batch_size / dataset_size for
-  ``steps = ceil(epochs * dataset_size / batch_size)`` steps (see :func:`steps_for_training`),
-  then :func:`compute_noise_multiplier` with the same accountant, orders and tolerance.
+  The run is the event of :func:`analysis.dp_sgd.dp_sgd_event` (the one rule shared with the
+  command line and ``tf_dpkit``'s budget callback), searched over sigma as in
+  :func:`compute_noise_multiplier`:
+
+  * ``"poisson"``: q = batch_size / dataset_size for ``steps = ceil(epochs * dataset_size /
+    batch_size)`` steps (:func:`steps_for_training`);
+  * ``"without_replacement"``: fixed batches of ``batch_size`` for the same number of steps;
+  * ``"shuffle"``: ``ceil(epochs)`` epochs of ``steps_per_epoch`` batches (default
+    ``floor(dataset_size / batch_size)``); the epsilon is that of the Gaussian composed
+    ``ceil(epochs)`` times whatever the batches per epoch.
 
   Args:
     target_epsilon: > 0 (nats); target_delta: in (0, 1).
     dataset_size: integer >= 1; batch_size: integer in [1, dataset_size] (the expected batch
       size under Poisson sampling); epochs: real >= 0.
+    sampling: ``"poisson"``, ``"shuffle"`` or ``"without_replacement"``.
+    microbatch_size: examples per clipped microbatch, integer >= 1 (> 1 halves the effective
+      noise, so the returned sigma is about twice as large).
+    steps_per_epoch: batches per epoch for ``"shuffle"``, integer >= 1.
     accountant, orders, tolerance: as in :func:`compute_noise_multiplier`.
 
   Returns:
-    The noise multiplier (noise std / clipping norm).
+    The noise multiplier (noise std / clipping norm); 0.0 when nothing is released (0 steps)
+    or ``target_epsilon`` is inf.
 
   Raises:
-    ValueError: as :func:`compute_noise_multiplier` and :func:`steps_for_training`.
+    ValueError: as :func:`compute_noise_multiplier`, :func:`steps_for_training` and
+      :func:`analysis.dp_sgd.dp_sgd_event`.
   """
   steps = steps_for_training(dataset_size, batch_size, epochs)
-  q = int(batch_size) / int(dataset_size)
-  return compute_noise_multiplier(target_epsilon, target_delta, q, steps,
-                                  accountant=accountant, orders=orders, tolerance=tolerance)
+  check_choice("sampling", sampling, dp_sgd.SAMPLINGS)
+  if sampling == "poisson" and microbatch_size == 1 and steps_per_epoch is None:
+    return compute_noise_multiplier(target_epsilon, target_delta, batch_size / dataset_size,
+                                    steps, accountant=accountant, orders=orders,
+                                    tolerance=tolerance)
+  if sampling == "shuffle":
+    if steps_per_epoch is None:
+      steps_per_epoch = max(1, int(dataset_size) // int(batch_size))
+    steps_per_epoch = check_count("steps_per_epoch", steps_per_epoch, minimum=1)
+    steps = math.ceil(Fraction(check_real("epochs", epochs))) * steps_per_epoch if steps else 0
+
+  def event_of(sigma):
+    return dp_sgd.dp_sgd_event(sigma, steps, sampling=sampling, dataset_size=dataset_size,
+                               batch_size=batch_size, steps_per_epoch=steps_per_epoch,
+                               microbatch_size=microbatch_size)
+
+  event_of(1.0)  # validates every argument before the search
+  target_epsilon, target_delta, orders, tolerance = _check_search(
+      target_epsilon, target_delta, accountant, steps, orders, tolerance)
+  if steps == 0 or target_epsilon == math.inf:
+    return 0.0
+  return _smallest_noise(_epsilon_function(event_of, target_delta, accountant, orders),
+                         target_epsilon, tolerance,
+                         f"at target_delta={target_delta!r} for {steps} steps of {sampling} "
+                         f"batches of {batch_size} from {dataset_size} examples")

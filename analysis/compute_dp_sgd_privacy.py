@@ -16,15 +16,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-import warnings
 
-from analysis import calibration, gaussian, rdp_accountant
-from analysis._checks import (check_choice, check_count, check_delta, check_nonnegative,
-                              check_orders, check_real)
+from analysis import accountant as _accountant
+from analysis import calibration, dp_sgd, rdp_accountant
+from analysis._checks import (check_choice, check_count, check_delta, check_integer,
+                              check_nonnegative, check_orders, check_real)
 
 __all__ = ["DpSgdPrivacy", "compute_dp_sgd_privacy", "run"]
 
-ACCOUNTANTS = ("rdp", "pld")
+ACCOUNTANTS = _accountant.ACCOUNTANTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +51,12 @@ class DpSgdPrivacy:
     order_no_amplification: always None (no Renyi order is involved); kept for callers.
     n, batch_size, epochs, microbatch_size, accountant: the inputs.
     order_at_boundary: True if an optimal RDP order was the first or last of the orders used.
+    used_microbatching: the input (microbatches of unknown size > 1).
+    max_examples_per_user: the input (None: example-level only).
+    user_epsilon: user-level eps under Poisson sampling by group privacy (None without
+      max_examples_per_user).
+    user_epsilon_no_amplification: user-level eps once per epoch, exact (None without
+      max_examples_per_user).
   """
   epsilon: float
   delta: float
@@ -67,6 +73,10 @@ class DpSgdPrivacy:
   microbatch_size: int
   accountant: str
   order_at_boundary: bool = False
+  used_microbatching: bool = False
+  max_examples_per_user: int | None = None
+  user_epsilon: float | None = None
+  user_epsilon_no_amplification: float | None = None
 
   def statement(self) -> str:
     """A short plain-English paragraph describing the guarantee, ready to paste into a paper."""
@@ -80,9 +90,10 @@ class DpSgdPrivacy:
                 "accounting")
     noise = f"noise multiplier {self.noise_multiplier:g}"
     micro = ""
-    if self.microbatch_size > 1:
-      micro = (f" Gradients were clipped and summed per microbatch of {self.microbatch_size} "
-               "examples; under add-or-remove-one adjacency adding or removing an example can "
+    if self.microbatch_size > 1 or self.used_microbatching:
+      size = (f" of {self.microbatch_size} examples" if self.microbatch_size > 1 else
+              " of more than one example")
+      micro = (f" Gradients were clipped and summed per microbatch{size}; under add-or-remove-one adjacency adding or removing an example can "
                "change a microbatch sum by up to twice the clipping norm, so the accounting "
                f"uses the effective noise multiplier {self.effective_noise_multiplier:g} "
                f"(= {self.noise_multiplier:g} / 2).")
@@ -99,8 +110,21 @@ class DpSgdPrivacy:
         f"random permutation each epoch); for that, the exact epsilon without amplification "
         f"by sampling (the analytic Gaussian mechanism of Balle and Wang 2018, composed over "
         f"the epochs) is epsilon = {_fmt_eps(self.epsilon_no_amplification)} at the same "
-        "delta.",
+        "delta, with respect to replacing one example by a null example that contributes "
+        "nothing (zero-out adjacency; adding an example would shift the batches of the "
+        "others).",
     ]
+    if self.max_examples_per_user is not None:
+      k = self.max_examples_per_user
+      parts.append(
+          f"User-level privacy, for neighbouring data sets that differ in all the examples of "
+          f"one user, each user contributing at most {k} example{'s' if k > 1 else ''}: "
+          f"epsilon = {_fmt_eps(self.user_epsilon)} at delta = {self.delta:g} assuming Poisson "
+          f"sampling (group privacy: an (eps, d)-DP mechanism is (k eps, k e^((k-1) eps) d)-DP "
+          f"for groups of k, with the best per-example d), and epsilon = "
+          f"{_fmt_eps(self.user_epsilon_no_amplification)} with each example used once per "
+          f"epoch (exact: the user's examples change each epoch's clipped sums by at most {k} "
+          "times one example's sensitivity in total).")
     if self.order_at_boundary:
       parts.append("(An optimal order lay at the end of the orders searched; a wider range of "
                    "orders may give a smaller epsilon.)")
@@ -118,19 +142,11 @@ def _fmt_epochs(epochs: float) -> str:
   return f"{epochs:g}"
 
 
-def _rdp_epsilon(q, sigma, steps, delta, orders):
-  """(eps, order, at_boundary) with the RDP accountant on the given orders."""
-  rdp = rdp_accountant.compute_rdp(q, sigma, steps, orders)
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always", rdp_accountant.OrderAtBoundaryWarning)
-    eps, _, order = rdp_accountant.get_privacy_spent(orders, rdp, target_delta=delta)
-  boundary = any(issubclass(w.category, rdp_accountant.OrderAtBoundaryWarning) for w in caught)
-  return float(eps), order, boundary
-
-
 def compute_dp_sgd_privacy(n: int, batch_size: int, noise_multiplier: float, epochs: float,
                            delta: float, *, microbatch_size: int = 1, orders=None,
-                           accountant: str = "rdp") -> DpSgdPrivacy:
+                           accountant: str = "rdp",
+                           max_examples_per_user: int | None = None,
+                           used_microbatching: bool = False) -> DpSgdPrivacy:
   """Epsilon of a DP-SGD run, with and without amplification by sampling.
 
   Poisson sampling with q = batch_size / n for steps = ceil(epochs * n / batch_size) steps of
@@ -156,6 +172,13 @@ def compute_dp_sgd_privacy(n: int, batch_size: int, noise_multiplier: float, epo
     accountant: "rdp" (default) or "pld" (analysis.pld_accountant, imported lazily): the
       smaller of the PLD and the RDP epsilon, each valid, for both epsilons reported.  The
       number of steps must be at most 2**53 for "rdp" and 1e10 for "pld".
+    used_microbatching: True if gradients were clipped per microbatch of more than one
+      example, size unknown (TF Privacy's flag): accounted like ``microbatch_size > 1``.
+    max_examples_per_user: k, integer in [1, n], or None.  When given, user-level epsilons are
+      reported too (neighbouring data sets differ in all examples of one user, who has at most
+      k): once per epoch exactly (a Gaussian with noise multiplier divided by k, see
+      ``analysis.dp_sgd``), and under Poisson sampling by group privacy
+      (``analysis.accountant.group_privacy_epsilon``).
 
   Returns:
     A :class:`DpSgdPrivacy`; ``str()`` of it is the plain-English statement.
@@ -173,6 +196,11 @@ def compute_dp_sgd_privacy(n: int, batch_size: int, noise_multiplier: float, epo
     raise ValueError(f"epochs must be finite and >= 0, got {epochs!r}.")
   delta = check_delta("delta", delta)
   microbatch_size = check_count("microbatch_size", microbatch_size, minimum=1)
+  if not isinstance(used_microbatching, bool):
+    raise ValueError(f"used_microbatching must be True or False, got {used_microbatching!r}.")
+  if max_examples_per_user is not None:
+    max_examples_per_user = check_integer("max_examples_per_user", max_examples_per_user,
+                                          minimum=1, maximum=n)
   if batch_size % microbatch_size:
     raise ValueError(f"microbatch_size must divide batch_size={batch_size}, "
                      f"got {microbatch_size}.")
@@ -196,26 +224,40 @@ def compute_dp_sgd_privacy(n: int, batch_size: int, noise_multiplier: float, epo
           f"maximum of {pld_accountant.MAX_STEPS} steps; use fewer epochs (at most "
           f"{pld_accountant.MAX_STEPS * batch_size / n:.6g}) or accountant='rdp'.")
   epochs_touched = math.ceil(epochs)
-  effective = sigma / 2.0 if microbatch_size > 1 else sigma
+  # The two runs, described once (analysis.dp_sgd): Poisson-sampled, and once per epoch.
+  # Only whether microbatches hold more than one example matters to the accounting.
+  clipped_per = max(microbatch_size, 2) if used_microbatching else microbatch_size
+  run_event = dp_sgd.dp_sgd_event(sigma, steps, dataset_size=n, batch_size=batch_size,
+                                  microbatch_size=clipped_per)
+  effective = dp_sgd.effective_noise_multiplier(sigma, microbatch_size=clipped_per)
+
+  def once_per_epoch(examples_per_user=1):
+    return dp_sgd.dp_sgd_event(sigma, epochs_touched, sampling="shuffle", steps_per_epoch=1,
+                               microbatch_size=clipped_per,
+                               examples_per_user=examples_per_user)
+
   if accountant == "rdp":
-    eps, order, boundary = _rdp_epsilon(q, effective, steps, delta, orders)
+    poisson = rdp_accountant.RdpAccountant(orders).compose(run_event)
+    eps, order, boundary = poisson.epsilon_and_order(delta)
   else:
-    from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
-    capped = pld_accountant.compute_epsilon_with_rdp_cap([q], [effective], [steps], delta)
-    eps = capped.epsilon
-    order = capped.rdp_order if capped.from_rdp else None
+    poisson = _accountant.make_accountant("pld").compose(run_event)
+    eps = poisson.get_epsilon(delta)
+    order = poisson.last_rdp_order if poisson.last_from_rdp else None
     boundary = False  # the RDP order is optimised over the reals, not taken from a grid
-  # Without amplification the run is exactly one Gaussian mechanism: its exact epsilon.
-  eps0 = (math.inf if effective == 0.0 and epochs_touched else
-          gaussian.composed_epsilon([effective if effective else math.inf], [epochs_touched],
-                                    delta))
-  order0 = None
+  eps0 = _accountant.make_accountant(accountant).compose(once_per_epoch()).get_epsilon(delta)
+  user_eps = user_eps0 = None
+  if max_examples_per_user is not None:
+    user_eps = _accountant.group_privacy_epsilon(poisson, max_examples_per_user, delta)
+    user_eps0 = _accountant.make_accountant(accountant).compose(
+        once_per_epoch(max_examples_per_user)).get_epsilon(delta)
   return DpSgdPrivacy(
       epsilon=eps, delta=delta, optimal_order=order, sampling_probability=q, steps=steps,
       noise_multiplier=sigma, effective_noise_multiplier=effective,
-      epsilon_no_amplification=eps0, order_no_amplification=order0, n=n,
+      epsilon_no_amplification=eps0, order_no_amplification=None, n=n,
       batch_size=batch_size, epochs=epochs, microbatch_size=microbatch_size,
-      accountant=accountant, order_at_boundary=boundary)
+      accountant=accountant, order_at_boundary=boundary, used_microbatching=used_microbatching,
+      max_examples_per_user=max_examples_per_user, user_epsilon=user_eps,
+      user_epsilon_no_amplification=user_eps0)
 
 
 # ------------------------------------------------------------------------------------------
@@ -240,8 +282,19 @@ def _define_flags():
   flags.DEFINE_list("orders", None, "Comma-separated RDP orders (each > 1), only with "
                     "--accountant=rdp; default: analysis.rdp_accountant.DEFAULT_ORDERS.",
                     flag_values=values)
-  flags.DEFINE_enum("accountant", "rdp", list(ACCOUNTANTS), "Accountant: rdp or pld.",
+  flags.DEFINE_enum("accountant", None, list(ACCOUNTANTS), "Accountant: rdp (default) or pld.",
                     flag_values=values)
+  flags.DEFINE_enum("accountant_type", None, ["RDP", "PLD"],
+                    "TF Privacy's spelling of --accountant (RDP or PLD).", flag_values=values)
+  flags.DEFINE_boolean(
+      "used_microbatching", None,
+      "TF Privacy's flag: true if gradients were clipped per microbatch of more than one "
+      "example (doubles the sensitivity, like --microbatch_size > 1). Default false here "
+      "(per-example clipping); TF Privacy's default is true.", flag_values=values)
+  flags.DEFINE_integer(
+      "max_examples_per_user", None,
+      "If set, also state user-level privacy for users with at most this many examples "
+      "(an integer in [1, N]).", flag_values=values)
   for name in ("N", "batch_size", "noise_multiplier", "epochs"):
     flags.mark_flag_as_required(name, flag_values=values)
   return values
@@ -263,7 +316,8 @@ def run(argv=None) -> None:
   argv = list(sys.argv if argv is None else argv)
   values = _define_flags()
   if any(a in ("--help", "-h", "--helpshort", "--helpfull") for a in argv[1:]):
-    sys.stdout.write(__doc__ + "\n" + values.main_module_help() + "\n")
+    sys.stdout.write(__doc__ + "\nFlags:\n" + values.get_help(include_special_flags=False)
+                     + "\n")
     return
   try:
     rest = values(argv)
@@ -271,8 +325,20 @@ def run(argv=None) -> None:
     _fail(error)
   if len(rest) > 1:
     _fail(f"unexpected positional arguments: {' '.join(rest[1:])}")
+  accountant = values.accountant
+  if values.accountant_type is not None:
+    if accountant is not None and accountant != values.accountant_type.lower():
+      _fail(f"--accountant={accountant} and --accountant_type={values.accountant_type} "
+            "disagree; give one of them")
+    accountant = values.accountant_type.lower()
+  accountant = accountant or "rdp"
+  microbatch_size = values.microbatch_size
+  if values.used_microbatching is not None:
+    if not values.used_microbatching and microbatch_size > 1:
+      _fail(f"--noused_microbatching contradicts --microbatch_size={microbatch_size}; give one "
+            "of them")
   orders = None
-  if values.orders is not None and values.accountant == "pld":
+  if values.orders is not None and accountant == "pld":
     _fail("--orders applies only to --accountant=rdp (the PLD accountant has no Renyi orders); "
           "drop --orders or use --accountant=rdp")
   if values.orders is not None:
@@ -283,7 +349,9 @@ def run(argv=None) -> None:
   try:
     result = compute_dp_sgd_privacy(
         values.N, values.batch_size, values.noise_multiplier, values.epochs, values.delta,
-        microbatch_size=values.microbatch_size, orders=orders, accountant=values.accountant)
+        microbatch_size=microbatch_size, orders=orders, accountant=accountant,
+        max_examples_per_user=values.max_examples_per_user,
+        used_microbatching=bool(values.used_microbatching))
   except ValueError as error:
     _fail(error)
   how = f"{result.accountant} accountant"
@@ -294,6 +362,10 @@ def run(argv=None) -> None:
         f"(Poisson sampling, {how})")
   print(f"epsilon without amplification by sampling = "
         f"{_fmt_eps(result.epsilon_no_amplification)}")
+  if result.max_examples_per_user is not None:
+    print(f"user-level epsilon (at most {result.max_examples_per_user} examples per user) = "
+          f"{_fmt_eps(result.user_epsilon)} (Poisson sampling, group privacy), "
+          f"{_fmt_eps(result.user_epsilon_no_amplification)} (each example once per epoch)")
   print(f"q = {result.sampling_probability:.6g}, steps = {result.steps}, "
         f"effective noise multiplier = {result.effective_noise_multiplier:g}")
   print()

@@ -643,7 +643,10 @@ class PLDAccountant(_accountant.Accountant):
     self._rdp_cap = rdp_cap
     self._composed = None
     self._h_used = self._h
+    #: Whether the last epsilon query with ``rdp_cap`` returned the RDP bound, and its order.
     self.last_from_rdp = False
+    self.last_rdp_order = None
+    self.last_rdp_order = None
 
   @property
   def value_discretization_interval(self) -> float:
@@ -727,11 +730,11 @@ class PLDAccountant(_accountant.Accountant):
 
   def _epsilon(self, delta: float) -> float:
     pld_eps = self.pld_epsilon(delta)
-    self.last_from_rdp = False
+    self.last_from_rdp, self.last_rdp_order = False, None
     if self._rdp_cap:
-      rdp_eps, _ = _rdp_epsilon([(q, s, c) for (q, s), c in self._phases.items()], delta)
+      rdp_eps, order = _rdp_epsilon([(q, s, c) for (q, s), c in self._phases.items()], delta)
       if rdp_eps < pld_eps:
-        self.last_from_rdp = True
+        self.last_from_rdp, self.last_rdp_order = True, order
         return rdp_eps
     return pld_eps
 

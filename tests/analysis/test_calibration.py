@@ -12,7 +12,7 @@ import math
 import mpmath
 import pytest
 
-from analysis import calibration, rdp_accountant
+from analysis import calibration, events, rdp_accountant
 from dp_references import dp_accounting as _dp_accounting, dp_rdp as _dp_rdp, dp_pld as _dp_pld
 
 ORDERS = list(rdp_accountant.DEFAULT_ORDERS)
@@ -198,7 +198,9 @@ def test_windowed_order_search_equals_the_full_grid_after_jumps():
   # must equal the full-grid epsilon, also after large jumps in sigma (optimum far away).
   import warnings
   q, steps, delta = 256 / 60000, 14063, 1e-5
-  eps_of = calibration._epsilon_function(q, steps, delta, "rdp", ORDERS)  # pylint: disable=protected-access
+  eps_of = calibration._epsilon_function(  # pylint: disable=protected-access
+      lambda sigma: events.SelfComposedEvent(
+          events.PoissonSampledEvent(q, events.GaussianEvent(sigma)), steps), delta, "rdp", ORDERS)
   for sigma in [1.0, 5.0, 0.7, 3.0, 1.1, 40.0, 0.45, 1.0993, 200.0, 0.6]:
     with warnings.catch_warnings():
       warnings.simplefilter("ignore", rdp_accountant.OrderAtBoundaryWarning)
