@@ -6,6 +6,7 @@ overwhelming probability for any seed.
 """
 from __future__ import annotations
 
+import collections
 import math
 from fractions import Fraction
 
@@ -262,6 +263,211 @@ def test_shuffled_remainder():
     assert len(set(e.tolist())) == 20  # each kept example exactly once
 
 
+# ---------------------------------------------------- nested structures and tf.data datasets
+
+SN, SQ, SSTEPS, SSEED = 40, 0.2, 6, 11  # P(empty draw) = 0.8**40 ~ 1e-4 per step
+
+
+def _features(n=SN):
+  """Rows that identify their example: image[i] = i + [[0, .1], [.2, .3]], meta[i] = (-i, i)."""
+  i = np.arange(n, dtype=np.float32)
+  image = i[:, None, None] + np.array([[0.0, 0.1], [0.2, 0.3]], np.float32)
+  meta = np.stack([-i, i], axis=1)
+  return {"image": image, "meta": meta}, np.arange(n, dtype=np.int64) % 3
+
+
+def _kinds():
+  """name -> (data, the same examples as a numpy structure, expected element structure kind)."""
+  feats, y = _features()
+  x = feats["meta"]
+  slices = tf.data.Dataset.from_tensor_slices
+  return {
+      "tuple": ((x, y), (x, y), "tuple"),
+      "dict": ({"image": feats["image"], "label": y}, {"image": feats["image"], "label": y},
+               "dict"),
+      "dict_and_y": ((feats, y), (feats, y), "tuple"),
+      "array": (x, x, "array"),
+      "nested": ((x, (y, {"m": feats["meta"]})), (x, (y, {"m": feats["meta"]})), "tuple"),
+      "dataset_tuple": (slices((x, y)), (x, y), "tuple"),
+      "dataset_dict_and_y": (slices((feats, y)), (feats, y), "tuple"),
+      "dataset_dict": (slices({"image": feats["image"], "label": y}),
+                       {"image": feats["image"], "label": y}, "dict"),
+      "dataset_array": (slices(x), x, "array"),
+      # Built with map + filter: unknown cardinality, elements made one by one.
+      "dataset_mapped": (tf.data.Dataset.range(SN).filter(lambda i: i >= 0).map(
+          lambda i: ({k: tf.gather(v, i) for k, v in feats.items()}, tf.gather(y, i))),
+                         (feats, y), "tuple"),
+  }
+
+
+def _expected_element(arrays, kind, indices, weights):
+  """The reference: the original numpy arrays indexed with batch_indices' rows."""
+  batch = tf.nest.map_structure(lambda a: a[indices], arrays)
+  if kind == "tuple":
+    return tuple(batch) + (weights,)
+  if kind == "dict":
+    return batch, None, weights
+  return batch, weights
+
+
+def _assert_same_element(actual, expected):
+  tf.nest.assert_same_structure(actual, expected)
+  for a, e in zip(tf.nest.flatten(actual), tf.nest.flatten(expected)):
+    if e is None:
+      assert a is None
+    else:
+      assert a.dtype == e.dtype
+      np.testing.assert_array_equal(a, e)
+
+
+@pytest.mark.parametrize("name", sorted(_kinds()))
+def test_structures_gather_exactly_the_rows_batch_indices_chooses(name):
+  data, arrays, kind = _kinds()[name]
+  sampling = PoissonSampling(SN, SQ, SSTEPS, SSEED)
+  ds = poisson_batches(data, sampling_probability=SQ, steps=SSTEPS, seed=SSEED)
+  via_function = list(ds.as_numpy_iterator())
+  via_method = list(sampling.dataset(data).as_numpy_iterator())
+  assert len(via_function) == len(via_method) == SSTEPS
+  for t in range(SSTEPS):
+    indices, weights = (v.numpy() for v in sampling.batch_indices(t))
+    expected = _expected_element(arrays, kind, indices, weights)
+    _assert_same_element(via_function[t], expected)
+    _assert_same_element(via_method[t], expected)
+  # The batch dimension is None for every leaf, whatever the structure (a dict's y: None).
+  spec = ds.element_spec
+  if kind == "dict":
+    assert type(spec[1]).__name__ == "NoneTensorSpec"
+    spec = (spec[0], spec[2])
+  for leaf in tf.nest.flatten(spec):
+    assert isinstance(leaf, tf.TensorSpec) and leaf.shape[0] is None
+
+
+def test_dataset_and_the_same_arrays_give_identical_batches():
+  feats, y = _features()
+  poisson_pipeline = lambda d: poisson_batches(d, expected_batch_size=7, steps=5, seed=3)
+  shuffled_pipeline = lambda d: shuffled_batches(d, 8, 2, seed=3, drop_remainder=False)
+  for data, build in [((feats, y), poisson_pipeline), ({"label": y, **feats}, poisson_pipeline),
+                      (feats["meta"], poisson_pipeline), ((feats, y), shuffled_pipeline)]:
+    from_arrays = list(build(data).as_numpy_iterator())
+    from_dataset = list(build(tf.data.Dataset.from_tensor_slices(data)).as_numpy_iterator())
+    assert len(from_arrays) == len(from_dataset) > 0
+    for a, b in zip(from_arrays, from_dataset):
+      _assert_same_element(b, a)
+
+
+def test_dataset_of_unknown_cardinality_is_read_in_chunks(monkeypatch):
+  monkeypatch.setattr(poisson, "_READ_CHUNK", 7)  # 40 examples: 6 chunks, concatenated
+  feats, y = _features()
+  ds = tf.data.Dataset.from_tensor_slices((feats, y)).filter(lambda f, label: True)
+  assert ds.cardinality() == tf.data.UNKNOWN_CARDINALITY
+  from_arrays = poisson_batches((feats, y), expected_batch_size=9, steps=4, seed=2)
+  from_dataset = poisson_batches(ds, expected_batch_size=9, steps=4, seed=2)
+  for a, b in zip(from_arrays.as_numpy_iterator(), from_dataset.as_numpy_iterator()):
+    _assert_same_element(b, a)
+  # Shapes equal within each chunk but not across chunks: refused like any varying shape.
+  varying = tf.data.Dataset.range(14).filter(lambda i: True).map(
+      lambda i: tf.zeros(tf.stack([2, tf.cast(i // 7 + 1, tf.int32)])))
+  with pytest.raises(ValueError, match=r"could not stack.*same shape.*TensorFlow said"):
+    poisson_batches(varying, sampling_probability=0.5, steps=1, seed=0)
+
+
+def test_empty_draw_placeholder_with_structures():
+  feats, y = _features(5)
+  ds = tf.data.Dataset.from_tensor_slices((feats, y))
+  (element,) = list(poisson_batches(ds, sampling_probability=1e-12, steps=1,
+                                    seed=0).as_numpy_iterator())
+  weight = np.array([0.0], np.float32)
+  _assert_same_element(element, _expected_element((feats, y), "tuple", [0], weight))
+  (element,) = list(poisson_batches(feats, sampling_probability=1e-12, steps=1,
+                                    seed=0).as_numpy_iterator())
+  _assert_same_element(element, _expected_element(feats, "dict", [0], weight))
+
+
+def test_shuffled_structures_cover_each_example_once_per_epoch():
+  feats, y = _features(30)
+  for data in [{"label": y, **feats}, tf.data.Dataset.from_tensor_slices((feats, y))]:
+    batches = list(shuffled_batches(data, 10, 2, seed=4).as_numpy_iterator())
+    assert len(batches) == 6
+    for e in range(2):
+      rows = []
+      for element in batches[3 * e:3 * e + 3]:
+        if isinstance(data, dict):
+          batch, none, w = element
+          assert none is None
+        else:
+          batch, labels, w = element
+          np.testing.assert_array_equal(labels, y[batch["meta"][:, 1].astype(int)])
+        assert np.all(w == 1.0)
+        index = batch["meta"][:, 1].astype(int)  # meta[i] = (-i, i)
+        np.testing.assert_array_equal(batch["image"], feats["image"][index])
+        rows.extend(index.tolist())
+      assert sorted(rows) == list(range(30))
+
+
+def _dict_input_model(keras):
+  image = keras.Input((2, 2), name="image")
+  meta = keras.Input((2,), name="meta")
+  hidden = keras.layers.Concatenate()([keras.layers.Flatten()(image), meta])
+  return image, meta, hidden
+
+
+def test_keras_fit_with_dict_inputs_consumes_dataset_pipeline():
+  import keras  # pylint: disable=g-import-not-at-top
+  keras.utils.set_random_seed(0)
+  feats, _ = _features(32)
+  feats = {k: v / 32.0 for k, v in feats.items()}
+  y = (feats["meta"][:, 1] > 0.5).astype(np.float32)
+  image, meta, hidden = _dict_input_model(keras)
+  model = keras.Model({"image": image, "meta": meta}, keras.layers.Dense(1)(hidden))
+  model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+  ds = tf.data.Dataset.from_tensor_slices((feats, y))  # elements ({"image", "meta"}, label)
+  before = [w.copy() for w in model.get_weights()]
+  history = model.fit(poisson_batches(ds, expected_batch_size=8, steps=6, seed=0), epochs=2,
+                      verbose=0, shuffle=False)
+  assert len(history.history["loss"]) == 2 and np.all(np.isfinite(history.history["loss"]))
+  assert any(not np.array_equal(a, b) for a, b in zip(model.get_weights(), before))
+  # Keras reads the third component as sample_weight: an empty draw (example 0, weight 0)
+  # leaves the loss and the weights exactly unchanged.
+  before = [w.copy() for w in model.get_weights()]
+  history = model.fit(poisson_batches(ds, sampling_probability=1e-12, steps=1, seed=0),
+                      verbose=0, shuffle=False)
+  assert history.history["loss"][0] == 0.0
+  for a, b in zip(model.get_weights(), before):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_keras_fit_with_dict_alone_gets_no_targets_and_the_weights():
+  # A dict is inputs only: (d_b, None, weight).  A model computing its loss from its inputs
+  # sees y = None and sample_weight = weight (zero for the empty-draw placeholder).
+  import keras  # pylint: disable=g-import-not-at-top
+  seen = []
+
+  class LossFromInputs(keras.Model):
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+      seen.append((y, sample_weight))
+      per_example = keras.ops.square(y_pred[:, 0] - x["label"])
+      return keras.ops.sum(per_example * sample_weight)
+
+  feats, y = _features(16)
+  image, meta, hidden = _dict_input_model(keras)
+  label = keras.Input((), name="label")  # Keras maps a dict by name if keys == input names
+  model = LossFromInputs({"image": image, "meta": meta, "label": label},
+                         keras.layers.Dense(1, kernel_initializer="ones")(hidden))
+  model.compile(optimizer=keras.optimizers.SGD(0.01))
+  data = {**feats, "label": y.astype(np.float32)}
+  before = [w.copy() for w in model.get_weights()]
+  history = model.fit(poisson_batches(data, sampling_probability=1e-12, steps=1, seed=0),
+                      verbose=0, shuffle=False)
+  assert seen and seen[0][0] is None and seen[0][1] is not None
+  assert history.history["loss"][0] == 0.0
+  for a, b in zip(model.get_weights(), before):
+    np.testing.assert_array_equal(a, b)
+  model.fit(poisson_batches(data, expected_batch_size=8, steps=2, seed=0), verbose=0,
+            shuffle=False)
+  assert any(not np.array_equal(a, b) for a, b in zip(model.get_weights(), before))
+
+
 # ---------------------------------------------------------------------------------- errors
 
 
@@ -293,7 +499,7 @@ def test_poisson_argument_errors(kwargs, match):
     ((np.zeros([10, 2]), np.zeros([9])), r"same first dimension.*\[10, 9\]"),
     ((), r"non-empty tuple"),
     ((np.zeros([0, 2]),), r"at least 1 example"),
-    (np.float32(3.0), r"data\[0\] must have a known first"),
+    (np.float32(3.0), r"data must have a known first"),
 ])
 def test_data_errors(data, match):
   with pytest.raises(ValueError, match=match):
@@ -302,9 +508,72 @@ def test_data_errors(data, match):
     shuffled_batches(data, 1, 1, 0)
 
 
+def _slices(*args):
+  return tf.data.Dataset.from_tensor_slices(*args)
+
+
+_X10 = np.zeros([10, 2], np.float32)
+_Y10 = np.zeros([10], np.float32)
+
+
+@pytest.mark.parametrize("make_data, error, match", [
+    # in-memory structures
+    (lambda: [_X10, _Y10], TypeError, r"data is a list; tf\.data would stack.*give a tuple"),
+    (lambda: ([_X10, _X10], _Y10), TypeError, r"data\[0\] is a list.*\(\(x1, x2\), y\)"),
+    (lambda: {"a": _X10, "b": None}, TypeError, r"data\['b'\] is None"),
+    (lambda: (tf.ragged.constant([[1]] * 10), _Y10), TypeError,
+     r"data\[0\] is a RaggedTensor; only dense"),
+    (lambda: {"s": tf.sparse.from_dense(_X10)}, TypeError, r"data\['s'\] is a SparseTensor"),
+    (lambda: {"o": np.array([object()] * 10)}, TypeError,
+     r"data\['o'\] must be an array or tensor; a ndarray could not be converted"),
+    (lambda: (_slices(_X10), _Y10), TypeError,
+     r"data\[0\] is a tf\.data\.Dataset; a Dataset must be the whole of data.*zip"),
+    (lambda: {1: _X10, "a": _Y10}, TypeError, r"data is a dict whose keys cannot be sorted"),
+    (lambda: collections.UserDict(a=_X10), TypeError,
+     r"data is a UserDict; only tuples and dicts may nest"),
+    (lambda: {"a": _X10, "b": np.zeros([9])}, ValueError,
+     r"same first dimension.*\[10, 9\] for data\['a'\], data\['b'\]"),
+    (lambda: {}, ValueError, r"non-empty tuple/dict of arrays or a tf\.data\.Dataset"),
+    (lambda: ({"x": _X10, "s": 3.0}, _Y10), ValueError,
+     r"data\[0\]\['s'\] must have a known first \(example\) dimension, got shape \(\)"),
+    # tf.data datasets
+    (lambda: _slices((_X10, _Y10)).repeat(), ValueError, r"data is an infinite tf\.data"),
+    (lambda: _slices((_X10, _Y10)).take(0), ValueError, r"data is an empty tf\.data"),
+    (lambda: _slices(_X10).filter(lambda x: False), ValueError, r"data is an empty tf\.data"),
+    (lambda: _slices((_X10, _Y10)).batch(4), ValueError,
+     r"elements look batched: data\.element_spec\[0\] has shape \(None, 2\).*\.unbatch\(\)"),
+    (lambda: _slices(tf.ragged.constant([[[1], [1, 2]]])), TypeError,
+     r"data is a tf\.data\.Dataset with a RaggedTensorSpec component \(data\.element_spec\)"),
+    (lambda: _slices({"s": tf.sparse.from_dense(_X10)}), TypeError,
+     r"SparseTensorSpec component \(data\.element_spec\['s'\]\); only dense"),
+    (lambda: tf.data.Dataset.range(3).map(lambda i: (i, None)), TypeError,
+     r"NoneTensorSpec component \(data\.element_spec\[1\]\)"),
+    (lambda: tf.data.Dataset.range(3).map(lambda i: tf.zeros([2, i + 1])), ValueError,
+     r"could not stack the tf\.data\.Dataset's elements.*same shape.*TensorFlow said: "
+     r"Cannot add tensor to the batch: number of elements does not match. Shapes are: "
+     r"\[tensor\]: \[2,\d\], \[batch\]: \[2,\d\]$"),  # no {{function_node}} / [Op:] clutter
+])
+def test_structure_errors(make_data, error, match):
+  with pytest.raises(error, match=match):
+    poisson_batches(make_data(), sampling_probability=0.5, steps=1, seed=0)
+  with pytest.raises(error, match=match):
+    shuffled_batches(make_data(), 1, 1, 0)
+  with pytest.raises(error, match=match):
+    PoissonSampling(10, 0.5, 1, 0).dataset(make_data())
+
+
+def test_dataset_needs_eager_execution():
+  with tf.Graph().as_default():
+    with pytest.raises(ValueError, match=r"data: a tf\.data\.Dataset is read into memory "
+                                         r"eagerly.*outside tf\.function"):
+      poisson_batches(_slices(_X10), sampling_probability=0.5, steps=1, seed=0)
+
+
 def test_dataset_size_mismatch():
   with pytest.raises(ValueError, match="num_examples=11"):
     PoissonSampling(11, 0.5, 1, 0).dataset(_index_data(10))
+  with pytest.raises(ValueError, match="data has 10 examples .* num_examples=11"):
+    PoissonSampling(11, 0.5, 1, 0).dataset(_slices(({"x": _X10}, _Y10)))
   with pytest.raises(ValueError, match=r"num_examples must be an integer in \[1, inf\]"):
     PoissonSampling(0, 0.5, 1, 0)
 

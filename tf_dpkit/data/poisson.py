@@ -52,25 +52,70 @@ Shuffle-and-batch
 :func:`shuffled_batches` is the usual pipeline: every epoch a fresh random permutation
 (stateless, keyed by ``(seed, epoch)``) is cut into batches of ``batch_size``, so every
 example appears exactly once per epoch (minus the ``N mod batch_size`` left over when
-``drop_remainder=True``).  Its elements have the same ``(x, y, weight)`` structure, weights all
-1.  The Poisson-sampling epsilon does NOT hold for it: batches are neither independent across
-steps nor do examples join independently, so amplification by subsampling cannot be claimed.
+``drop_remainder=True``).  Its elements have the same structure as the Poisson pipeline's
+(``(x, y, weight)`` for ``(x, y)``; see Data), weights all 1.  The Poisson-sampling epsilon
+does NOT hold for it: batches are neither independent across steps nor do examples join
+independently, so amplification by subsampling cannot be claimed.
 ``tf_dpkit.budget`` accounts it as the unsubsampled Gaussian mechanism once per epoch.
 
 Data
 ----
-``data`` is a tuple of arrays or tensors with equal first dimension ``N >= 1`` (e.g.
-``(x, y)``), or a single array.  Element ``t`` is ``(*arrays_gathered, weight)``: ``(x, y,
-weight)`` for ``(x, y)`` and ``(x, weight)`` for a single array (beware: Keras ``fit`` reads a
-2-tuple as ``(x, y)``).  The arrays are converted to tensors once and captured by the
-dataset's map function; batches are gathered from them, so the pipeline holds one copy of the
-data in memory.
+``data`` (the same for :func:`poisson_batches`, :func:`shuffled_batches` and
+:meth:`PoissonSampling.dataset`) is either
+
+* **Arrays**: one array or tensor, or tuples and dicts of them nested as deep as needed
+  (``tf.nest`` structures; a namedtuple counts as a tuple), every leaf dense and with the same
+  first (example) dimension ``N >= 1``: ``(x, y)``, ``{"image": x, "label": y}``,
+  ``({"image": x, "mask": m}, y)``, ``x``.  Lists are refused, since ``tf.data`` would stack a
+  list into one tensor: use a tuple (``((x1, x2), y)``), or ``np.asarray`` for one array.  The
+  arrays are converted to tensors once and captured by the dataset's map function; batches are
+  gathered from them, so the pipeline holds one copy of the data in memory.
+* **A finite** ``tf.data.Dataset`` **of single examples**: each element is ONE example, of any
+  such structure (e.g. ``(x, y)`` or ``({"image": x}, y)``), every component a dense tensor of
+  one fixed shape.  Poisson sampling needs random access to all ``N`` examples, so the dataset
+  is read once, eagerly, when the pipeline is built, and its elements are stacked into
+  in-memory tensors (one ``[N, ...]`` tensor per component); these are then sampled exactly as
+  the same arrays would be (same seed, same batches).  Cost: memory for one full copy of the
+  data set (two for a moment while a dataset of unknown cardinality, e.g. after ``filter``,
+  is read in chunks and concatenated) and one pass over the dataset, so any random
+  augmentation inside it runs once and is frozen.  Example ``i`` is the dataset's ``i``-th
+  element: for reproducible batches from a fixed seed the dataset must iterate in a fixed
+  order (privacy does not depend on the order, each index being included independently of all
+  others).  Refused, with a ValueError or TypeError naming ``data``: infinite datasets
+  (``.repeat()``; one whose cardinality TensorFlow cannot tell, e.g. ``.repeat().filter(f)``,
+  would be read until memory runs out), empty ones, components that are not dense tensors
+  (ragged, sparse, None), elements of different shapes, and elements whose spec has an unknown
+  or ``None`` first dimension -- what ``.batch()`` produces: pass ``.unbatch()``.  (A batch
+  of static size, from ``.batch(b, drop_remainder=True)``, cannot be told from an example:
+  such a dataset would be sampled as a dataset of whole batches, so unbatch it first.)  A
+  dataset cannot be read inside ``tf.function`` or a ``tf.compat.v1`` graph: pass it from
+  eager code, or pass the arrays.
+
+Element ``t`` is the structure gathered at the batch's indices (every leaf ``a`` becomes
+``a[idx_t]``, nesting kept) plus the weight vector, arranged for Keras ``fit``, which reads a
+tuple element as ``(x, y, sample_weight)``:
+
+* a tuple ``(a, b, ...)`` gives ``(a_b, b_b, ..., weight)``: ``(x, y)`` gives
+  ``(x_b, y_b, weight)``, and ``({"image": x}, y)`` gives ``({"image": x_b}, y_b, weight)``,
+  the form for a functional model with named ``keras.Input`` layers and a compiled loss.
+* a dict ``d`` gives ``(d_b, None, weight)``: Keras reads it as inputs ``x = d_b``, no targets
+  and ``sample_weight = weight``.  Which keys are targets cannot be told from a dict, so a dict
+  is taken as inputs only: this suits models that compute their loss from their inputs (an
+  overridden ``compute_loss`` or ``train_step``; Keras matches a dict to a functional model's
+  inputs by name only when its keys are exactly the input names, so such a model declares a
+  ``keras.Input`` for every key).  A compiled loss needs targets (so do tf_dpkit's DP
+  models): split them off yourself -- ``({"image": x}, y)``, or for a dataset
+  ``data.map(lambda d: ({"image": d["image"]}, d["label"]))``.  (``(d_b, weight)`` would make
+  Keras read the weights as the targets.)
+* one array ``x`` gives ``(x_b, weight)``, as in earlier versions (beware: Keras ``fit`` reads
+  a 2-tuple as ``(x, y)``).
 """
 from __future__ import annotations
 
 import dataclasses
 import fractions
 import math
+import re
 import secrets
 
 import tensorflow as tf
@@ -84,26 +129,142 @@ _POISSON_STREAM = 0x504F4953  # "POIS"
 _SHUFFLE_STREAM = 0x53485546  # "SHUF"
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _ALG = "philox"  # pinned, so batches do not depend on the device "auto_select" would pick
+_READ_CHUNK = 2**16  # examples per chunk when reading a dataset of unknown cardinality
+_ALLOWED = ("an array or tensor, a tuple or dict of them (nested as deep as you like, e.g. "
+            "(x, y), {'image': x, 'label': y} or ({'image': x}, y)), or a finite tf.data.Dataset "
+            "of single examples")
 
 
-def _as_arrays(data) -> tuple[tuple[tf.Tensor, ...], int]:
-  """Converts ``data`` (a tuple of arrays, or one array) to tensors; returns them and ``N``."""
-  arrays = data if isinstance(data, tuple) else (data,)
-  if not arrays:
-    raise ValueError("data must be an array or a non-empty tuple of arrays, got an empty tuple.")
-  tensors = tuple(tf.convert_to_tensor(a) for a in arrays)
+def _leaves(structure, path: str, out: list) -> list:
+  """Appends ``(path, leaf)`` for ``structure``'s leaves in ``tf.nest.flatten`` order.
+
+  Only tuples (namedtuples included) and dicts may nest: ``tf.data`` stacks a list into one
+  tensor, so lists are refused rather than silently changed.
+  """
+  if isinstance(structure, list):
+    raise TypeError(
+        f"{path} is a list; tf.data would stack a list into one tensor, so give a tuple for "
+        "several arrays (e.g. (x, y) or ((x1, x2), y)) or np.asarray(...) for one array. "
+        f"data must be {_ALLOWED}.")
+  if isinstance(structure, tuple):
+    for i, item in enumerate(structure):
+      _leaves(item, f"{path}[{i}]", out)
+  elif isinstance(structure, dict):
+    try:
+      keys = sorted(structure)  # tf.nest's order
+    except TypeError as e:
+      raise TypeError(f"{path} is a dict whose keys cannot be sorted ({e}); tf.nest needs "
+                      "sortable keys, e.g. all strings.") from None
+    for key in keys:
+      _leaves(structure[key], f"{path}[{key!r}]", out)
+  elif tf.nest.is_nested(structure):
+    raise TypeError(f"{path} is a {type(structure).__name__}; only tuples and dicts may nest. "
+                    f"data must be {_ALLOWED}.")
+  else:
+    out.append((path, structure))
+  return out
+
+
+def _leaf_tensor(path: str, leaf) -> tf.Tensor:
+  """``leaf`` (one array-like in ``data``) as a dense tensor, or a TypeError naming ``path``."""
+  if leaf is None:
+    raise TypeError(f"{path} is None; every leaf of data must be an array or tensor.")
+  if isinstance(leaf, tf.data.Dataset):
+    raise TypeError(f"{path} is a tf.data.Dataset; a Dataset must be the whole of data (combine "
+                    "several with tf.data.Dataset.zip, e.g. zip((features, labels))).")
+  if isinstance(leaf, (tf.RaggedTensor, tf.SparseTensor)):
+    raise TypeError(f"{path} is a {type(leaf).__name__}; only dense arrays/tensors are supported "
+                    "(pad it to a dense tensor first, e.g. .to_tensor() or tf.sparse.to_dense).")
+  try:
+    return tf.convert_to_tensor(leaf)
+  except (TypeError, ValueError) as e:
+    raise TypeError(f"{path} must be an array or tensor; a {type(leaf).__name__} could not be "
+                    f"converted to a tensor ({e}).") from None
+
+
+def _op_message(error: tf.errors.OpError) -> str:
+  """``error``'s message without the ``{{function_node ...}}`` and ``[Op:...]`` decorations."""
+  message = re.sub(r"\{\{[^}]*\}\}\s*", "", error.message)
+  return re.sub(r"\s*\[Op:[^\]]*\].*$", "", message, flags=re.S).strip()
+
+
+def _materialise(dataset: tf.data.Dataset):
+  """The examples of a finite ``tf.data.Dataset`` of single examples as stacked tensors.
+
+  Returns the element structure with each leaf of shape ``[N, ...]``.  Refuses (ValueError /
+  TypeError naming ``data``) what cannot be stacked: infinite or empty datasets, elements with
+  an unknown or ``None`` first dimension (probably already batched), non-dense components and
+  elements whose shapes differ.
+  """
+  for path, spec in _leaves(dataset.element_spec, "data.element_spec", []):
+    if not isinstance(spec, tf.TensorSpec):  # ragged, sparse, None, ...
+      raise TypeError(
+          f"data is a tf.data.Dataset with a {type(spec).__name__} component ({path}); only "
+          "dense tensors are supported (e.g. map ragged/sparse components to dense tensors of a "
+          "fixed shape with .to_tensor() / tf.sparse.to_dense, and drop None components).")
+    if spec.shape.rank is None or (spec.shape.rank >= 1 and spec.shape[0] is None):
+      raise ValueError(
+          f"data is a tf.data.Dataset whose elements look batched: {path} has shape "
+          f"{spec.shape}, with an unknown first dimension.  Its elements must be single "
+          "examples of a fixed shape: pass data.unbatch() for a batched dataset, or give the "
+          "elements a static shape (e.g. map tf.ensure_shape over them).")
+  if not tf.executing_eagerly():
+    raise ValueError("data: a tf.data.Dataset is read into memory eagerly, so build the "
+                     "pipeline outside tf.function and tf.compat.v1 graphs (or pass arrays).")
+  cardinality = int(dataset.cardinality())
+  if cardinality == tf.data.INFINITE_CARDINALITY:
+    raise ValueError("data is an infinite tf.data.Dataset (e.g. after .repeat()); Poisson "
+                     "sampling needs the finite set of training examples: drop the repeat "
+                     "(steps= sets the number of batches).")
+  if cardinality == 0:
+    raise ValueError("data is an empty tf.data.Dataset; it must hold at least 1 example.")
+  # A known size is read as one batch: one copy of the data.  An unknown one (e.g. after
+  # filter) in chunks, then concatenated: two copies for a moment.  (A batch size far above
+  # the number of elements is no way out: TensorFlow aborts when size * element overflows.)
+  size = cardinality if cardinality > 0 else _READ_CHUNK
+  try:
+    chunks = list(dataset.batch(size))
+    if not chunks:
+      raise ValueError("data is an empty tf.data.Dataset; it must hold at least 1 example.")
+    stacked = chunks[0] if len(chunks) == 1 else tf.nest.map_structure(
+        lambda *parts: tf.concat(parts, axis=0), *chunks)
+  except tf.errors.InvalidArgumentError as e:
+    raise ValueError(
+        "data: could not stack the tf.data.Dataset's elements into in-memory tensors; its "
+        "elements must be single examples that all have the same shape (pad or crop them "
+        f"to one shape first).  TensorFlow said: {_op_message(e)}") from None
+  return stacked
+
+
+def _as_structure(data):
+  """``data`` as its structure of tensors (``tf.data.Dataset`` read into memory) and ``N``.
+
+  Returns ``(structure, n)``: ``structure`` has ``data``'s nesting (for a dataset, its
+  element's) with every leaf a tensor of shape ``[N, ...]``.
+  """
+  if isinstance(data, tf.data.Dataset):
+    structure = _materialise(data)
+    leaves = _leaves(structure, "data", [])
+  else:
+    leaves = _leaves(data, "data", [])
+    if not leaves:
+      raise ValueError("data must be an array, a non-empty tuple/dict of arrays or a "
+                       f"tf.data.Dataset; got an empty {type(data).__name__} {data!r}.")
+    leaves = [(path, _leaf_tensor(path, leaf)) for path, leaf in leaves]
+    structure = tf.nest.pack_sequence_as(data, [t for _, t in leaves])
   sizes = []
-  for i, t in enumerate(tensors):
+  for path, t in leaves:
     if t.shape.rank is None or t.shape.rank < 1 or t.shape[0] is None:
-      raise ValueError(f"data[{i}] must have a known first (example) dimension, got shape "
+      raise ValueError(f"{path} must have a known first (example) dimension, got shape "
                        f"{t.shape}.")
     sizes.append(int(t.shape[0]))
   if len(set(sizes)) != 1:
     raise ValueError("data: all arrays must have the same first dimension (number of "
-                     f"examples), got first dimensions {sizes}.")
+                     f"examples), got first dimensions {sizes} for "
+                     f"{', '.join(path for path, _ in leaves)}.")
   if sizes[0] < 1:
     raise ValueError("data must hold at least 1 example (first dimension >= 1), got 0.")
-  return tensors, sizes[0]
+  return structure, sizes[0]
 
 
 def _seed_pair(seed: noise_lib.SecretInt, stream: int) -> tf.Tensor:
@@ -111,8 +272,14 @@ def _seed_pair(seed: noise_lib.SecretInt, stream: int) -> tf.Tensor:
   return tf.stack([seed.tensor(), tf.constant(stream, tf.int64)])
 
 
-def _gather(tensors, indices, weights):
-  return tuple(tf.gather(t, indices) for t in tensors) + (weights,)
+def _gather(structure, indices, weights):
+  """The batch ``indices`` of ``structure``, as the element structure of the module doc."""
+  batch = tf.nest.map_structure(lambda t: tf.gather(t, indices), structure)
+  if isinstance(structure, tuple):
+    return tuple(batch) + (weights,)  # (x_b, y_b, ..., weight)
+  if isinstance(structure, dict):
+    return batch, None, weights  # Keras: x = the dict, no y, sample_weight = weight
+  return batch, weights  # one array
 
 
 def _ceil_ratio(numerator: float, denominator: float) -> int:
@@ -213,23 +380,28 @@ class PoissonSampling:
   def dataset(self, data) -> tf.data.Dataset:
     """The ``tf.data.Dataset`` of :attr:`steps` Poisson batches of ``data`` (see module doc).
 
-    Element ``t``: ``(x[idx_t], y[idx_t], weight_t)`` for ``data = (x, y)``, with
-    ``idx_t, weight_t = self.batch_indices(t)``; batch dimension ``None`` in ``element_spec``.
+    ``data``: as for :func:`poisson_batches` (arrays in a tuple/dict structure, one array, or a
+    finite ``tf.data.Dataset`` of single examples, read into memory once).  Element ``t``:
+    ``(x[idx_t], y[idx_t], weight_t)`` for ``data = (x, y)``, with
+    ``idx_t, weight_t = self.batch_indices(t)``; ``(d[idx_t], None, weight_t)`` for a dict
+    ``d``; ``(x[idx_t], weight_t)`` for one array (module doc, "Data").  Batch dimension
+    ``None`` in ``element_spec``.
 
     Raises:
       ValueError: ``data``'s number of examples is not :attr:`num_examples`, or ``data`` is
         malformed (see :func:`poisson_batches`).
+      TypeError: ``data`` is not an accepted structure (see :func:`poisson_batches`).
     """
-    tensors, n = _as_arrays(data)
+    structure, n = _as_structure(data)
     if n != self.num_examples:
       raise ValueError(f"data has {n} examples (first dimension) but this PoissonSampling has "
                        f"num_examples={self.num_examples}.")
-    return self._dataset(tensors)
+    return self._dataset(structure)
 
-  def _dataset(self, tensors: tuple[tf.Tensor, ...]) -> tf.data.Dataset:
+  def _dataset(self, structure) -> tf.data.Dataset:
     def element(step):
       indices, weights = self.batch_indices(step)
-      return _gather(tensors, indices, weights)
+      return _gather(structure, indices, weights)
 
     return tf.data.Dataset.range(self.steps).map(
         element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -249,8 +421,11 @@ def poisson_batches(data, *, sampling_probability: float | None = None,
   the exact construction and why it matches the accountants' assumption).
 
   Args:
-    data: ``(x, y)`` (any tuple of arrays/tensors with equal first dimension ``N >= 1``) or a
-      single array.
+    data: the training examples (module doc, "Data"): arrays/tensors with equal first
+      dimension ``N >= 1``, as one array or nested in tuples and dicts (``(x, y)``,
+      ``{"image": x, "label": y}``, ``({"image": x}, y)``); or a finite ``tf.data.Dataset``
+      whose elements are single examples of such a structure, each component of one fixed
+      shape -- read into memory once (one copy of the data set) and then sampled as arrays.
     sampling_probability: ``q`` in ``(0, 1]``.  Give exactly one of this and
       ``expected_batch_size``.
     expected_batch_size: ``qN`` in ``(0, N]`` (examples); sets ``q = expected_batch_size / N``.
@@ -261,24 +436,32 @@ def poisson_batches(data, *, sampling_probability: float | None = None,
       relies on: fix it only for tests and reproducible experiments.
 
   Returns:
-    A dataset of ``steps`` elements ``(x_b, y_b, weight)`` (for a single array ``(x_b,
-    weight)``): ``x_b = x[idx]``, ``y_b = y[idx]`` for the selected indices ``idx`` in
-    ascending order, ``weight`` float32 ``[b]`` of ones; batch size ``b ~ Binomial(N, q)``,
-    variable, with ``None`` batch dimension in ``element_spec``.  An empty draw is emitted as
-    ``b = 1``: example 0 with weight 0.0.  Train with the per-example loss multiplied by
-    ``weight`` and normalise the noisy sum by ``qN`` (the expected batch size).
+    A dataset of ``steps`` elements: ``(x_b, y_b, weight)`` for ``data = (x, y)`` (in general
+    a tuple's gathered components then ``weight``, e.g. ``({"image": x_b}, y_b, weight)`` for
+    ``({"image": x}, y)``); ``(d_b, None, weight)`` for a dict ``d`` (inputs only, see the
+    module doc); ``(x_b, weight)`` for one array.  A dataset ``data`` gives what its element
+    structure would give as arrays.  ``x_b = x[idx]``, ``y_b = y[idx]`` for the selected
+    indices ``idx`` in ascending order (every leaf gathered, nesting kept), ``weight`` float32
+    ``[b]`` of ones; batch size ``b ~ Binomial(N, q)``, variable, with ``None`` batch dimension
+    in ``element_spec``.  An empty draw is emitted as ``b = 1``: example 0 with weight 0.0.
+    Train with the per-example loss multiplied by ``weight`` and normalise the noisy sum by
+    ``qN`` (the expected batch size).
 
   Raises:
     ValueError: both or neither of ``sampling_probability`` / ``expected_batch_size``;
       ``q`` not in ``(0, 1]``; ``expected_batch_size`` not in ``(0, N]``; ``steps`` not a
-      positive integer; ``seed`` not an int64 integer; arrays with different first dimensions.
+      positive integer; ``seed`` not an int64 integer; arrays with different or no first
+      dimensions, or no examples; a dataset that is infinite, empty, batched-looking or with
+      elements of different shapes.
+    TypeError: ``data`` holds a list, ``None``, a ragged or sparse tensor, or something not
+      convertible to a tensor (for a dataset: a component that is not a dense tensor).
   """
   if (sampling_probability is None) == (expected_batch_size is None):
     raise ValueError("Give exactly one of sampling_probability (q in (0, 1]) and "
                      "expected_batch_size (qN in (0, N]); got "
                      f"sampling_probability={sampling_probability!r}, "
                      f"expected_batch_size={expected_batch_size!r}.")
-  tensors, n = _as_arrays(data)
+  structure, n = _as_structure(data)
   if seed is None:
     seed = secret_seed()
   if expected_batch_size is not None:
@@ -286,7 +469,7 @@ def poisson_batches(data, *, sampling_probability: float | None = None,
                                                         seed=seed)
   else:
     sampling = PoissonSampling(n, sampling_probability, steps, seed)
-  return sampling._dataset(tensors)  # pylint: disable=protected-access
+  return sampling._dataset(structure)  # pylint: disable=protected-access
 
 
 def shuffled_batches(data, batch_size: int, epochs: int, seed: int | None = None,
@@ -299,8 +482,11 @@ def shuffled_batches(data, batch_size: int, epochs: int, seed: int | None = None
   Gaussian mechanism once per epoch (``sampling="shuffle"`` in ``tf_dpkit.budget``).
 
   Args:
-    data: ``(x, y)`` (any tuple of arrays/tensors with equal first dimension ``N >= 1``) or a
-      single array.
+    data: the training examples (module doc, "Data"): arrays/tensors with equal first
+      dimension ``N >= 1``, as one array or nested in tuples and dicts (``(x, y)``,
+      ``{"image": x, "label": y}``, ``({"image": x}, y)``); or a finite ``tf.data.Dataset``
+      whose elements are single examples of such a structure, each component of one fixed
+      shape -- read into memory once (one copy of the data set) and then sampled as arrays.
     batch_size: examples per batch, an integer in ``[1, N]``.
     epochs: number of passes, a positive integer.
     seed: ``None`` (default: a secret seed from :func:`secret_seed`) or an integer in
@@ -311,15 +497,17 @@ def shuffled_batches(data, batch_size: int, epochs: int, seed: int | None = None
       last one smaller, and batch dimension ``None``.
 
   Returns:
-    A dataset of ``epochs * batches_per_epoch`` elements ``(x_b, y_b, weight)`` (for a single
-    array ``(x_b, weight)``), ``weight`` float32 ``[b]`` of ones -- the same structure as
-    :func:`poisson_batches`, so training code can consume either.
+    A dataset of ``epochs * batches_per_epoch`` elements ``(x_b, y_b, weight)`` for ``(x, y)``
+    (``(d_b, None, weight)`` for a dict, ``(x_b, weight)`` for one array), ``weight`` float32
+    ``[b]`` of ones -- the same structure as :func:`poisson_batches`, so training code can
+    consume either.
 
   Raises:
     ValueError: ``batch_size`` not in ``[1, N]``, ``epochs`` not a positive integer, ``seed``
-      not an int64 integer, or arrays with different first dimensions.
+      not an int64 integer, or ``data`` malformed (as for :func:`poisson_batches`).
+    TypeError: ``data`` not an accepted structure (as for :func:`poisson_batches`).
   """
-  tensors, n = _as_arrays(data)
+  structure, n = _as_structure(data)
   batch_size = _checks.check_integer("batch_size", batch_size, minimum=1, maximum=n)
   epochs = _checks.check_integer("epochs", epochs, minimum=1)
   seed = _checks.check_integer("seed", secret_seed() if seed is None else seed,
@@ -334,7 +522,7 @@ def shuffled_batches(data, batch_size: int, epochs: int, seed: int | None = None
                                                            drop_remainder=drop_remainder)
 
   def element(indices):
-    return _gather(tensors, indices, tf.ones(tf.shape(indices), tf.float32))
+    return _gather(structure, indices, tf.ones(tf.shape(indices), tf.float32))
 
   return tf.data.Dataset.range(epochs).flat_map(epoch_batches).map(
       element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
