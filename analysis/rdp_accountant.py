@@ -339,17 +339,129 @@ def compute_rdp(q: float, noise_multiplier: float, steps: int, orders):
 # Sampling without replacement.
 
 
+#: Forward differences of the Gaussian moments (WBK19 Thm 27) are used up to this order, as
+#: dp_accounting does; above it the Theorem 9 terms alone.
+_WOR_FD_MAX_ORDER = 256
+#: Delta^n is summed as a positive series where x_n = m n (n - 1) <= n (ln(n) / 2 + 1) + 20,
+#: about twice the x at which the alternating binomial sum's condition number falls below 1e4
+#: (measured for n <= 1025); beyond it that sum is used, with its round-off bound.
+def _fd_series_max_x(n: np.ndarray) -> np.ndarray:
+  return n * (0.5 * np.log(np.maximum(n, 1.0)) + 1.0) + 20.0
+
+
+@functools.lru_cache(maxsize=256)
+def _log_gauss_forward_differences(s: float) -> np.ndarray:
+  """Upper bounds on log Delta^n, n = 0 .. _WOR_FD_MAX_ORDER + 1 (see the module docstring).
+
+  Delta^n = sum_l C(n, l) (-1)^(n-l) exp(m l (l - 1)) = E_{z~N(0,s^2)}[(L(z) - 1)^n] with
+  m = 1 / (2 s^2) and L the likelihood ratio N(1, s^2) / N(0, s^2).  An entry is inf where no
+  accurate bound is available (the caller then uses the Theorem 9 term).
+  """
+  n_max = _WOR_FD_MAX_ORDER + 1
+  m = 1.0 / (2.0 * s * s)
+  log_m = math.log(m)
+  n = np.arange(n_max + 1, dtype=np.float64)
+  x = m * n * (n - 1.0)
+  out = np.full(n_max + 1, math.inf)
+  out[0], out[1] = 0.0, -math.inf  # Delta^0 = 1, Delta^1 = E[L] - 1 = 0
+  # Positive series: (l (l - 1))^j = sum_k c_{j,k} l (l-1) ... (l-k+1) with c_{j,k} >= 0, so
+  # Delta^n = n! sum_j m^j c_{j,n} / j!.  Scaled v_{j,k} = c_{j,k} m^(j - h_k) h_k! / j!
+  # (h_k = ceil(k/2)) obeys the positive recurrence below; Delta^n = n! m^h_n / h_n! sum_j v_{j,n}.
+  use_series = (n >= 2) & (x <= _fd_series_max_x(n))
+  series = np.flatnonzero(use_series)
+  if series.size:
+    k_cut = int(series[-1])
+    k = np.arange(k_cut + 1, dtype=np.float64)
+    h = np.ceil(k / 2.0)
+    c_a = h[2:]                                                          # times v_{j,k-2}
+    c_b = 2.0 * (k[1:] - 1.0) * np.where(k[1:] % 2 == 0, m, (k[1:] + 1.0) / 2.0)  # v_{j,k-1}
+    c_c = k * (k - 1.0) * m                                              # times v_{j,k}
+    v = np.zeros(k_cut + 1)
+    v[0] = 1.0
+    acc = v.copy()
+    log_scale = 0.0
+    xs = x[series]
+    log_xs = np.log(xs)
+    hs = h[series]
+    log_prefactor = special.gammaln(series + 1.0) - special.gammaln(hs + 1.0) + hs * log_m
+    x_top = float(xs.max())
+    j_max = int(k_cut // 2 + x_top + 12.0 * math.sqrt(x_top) + 200)
+    j = 0
+    while True:
+      new = c_c * v
+      new[1:] += c_b * v[:-1]
+      new[2:] += c_a * v[:-2]
+      j += 1
+      v = new / j
+      acc += v
+      if j % 16 == 0 or j >= j_max:
+        top = float(acc.max())
+        if top > 1e200:  # rescale (a step multiplies by at most ~x_top / j + n^2)
+          v /= top
+          acc /= top
+          log_scale += math.log(top)
+        # Tail after term j: sum_{i > j} x^i / i! <= x^(j+1) / (j+1)! / (1 - x / (j+2)), from
+        # n! c_{i,n} <= (n (n-1))^i (evaluate the expansion at l = n: all terms >= 0).
+        with np.errstate(divide="ignore"):
+          partial = log_prefactor + log_scale + np.log(acc[series])
+        ratio = xs / (j + 2.0)
+        log_tail = np.where(ratio < 1.0, (j + 1.0) * log_xs - special.gammaln(j + 2.0)
+                            - np.log1p(-np.where(ratio < 1.0, ratio, 0.0)), math.inf)
+        if np.all(log_tail <= partial + math.log(_EPS) - 2.0) or j >= j_max:
+          break
+    # Round-off: every operation is on non-negative numbers (<= 4 ulps per step and term),
+    # and the log-space prefactor carries eps times the size of its parts.
+    log_parts = (special.gammaln(series + 1.0) + special.gammaln(hs + 1.0) + hs * abs(log_m)
+                 + abs(log_scale) + 1.0)
+    rel = 4.0 * (j + 8.0) * _EPS + 4.0 * _EPS * log_parts
+    out[series] = np.logaddexp(partial + np.log1p(rel), log_tail)
+  # Alternating binomial sum, with a bound on its floating-point error, for the other n
+  # (one row per n; entries l > n are masked out).
+  rest = np.flatnonzero((n >= 2) & ~use_series)
+  if rest.size:
+    nn = n[rest][:, None]
+    l = n[None, : int(rest[-1]) + 1]
+    valid = l <= nn
+    ll = np.where(valid, l, 0.0)
+    log_t = (special.gammaln(nn + 1.0) - special.gammaln(ll + 1.0)
+             - special.gammaln(np.where(valid, nn - ll, 0.0) + 1.0) + m * ll * (ll - 1.0))
+    log_t = np.where(valid, log_t, -math.inf)
+    shift = log_t.max(axis=1, keepdims=True)
+    w = np.exp(log_t - shift)
+    sign = np.where((nn - l) % 2 == 0, 1.0, -1.0)
+    total = np.sum(sign * w, axis=1)
+    # Each term has relative error <~ eps (|log term| + 16); the summation adds <= n eps sum w.
+    err = 4.0 * _EPS * np.sum(w * (np.abs(np.where(valid, log_t, 0.0)) + 16.0 + nn), axis=1)
+    upper = total + err
+    with np.errstate(divide="ignore"):
+      log_upper = shift[:, 0] + np.log(np.where(upper > 0.0, upper, 1.0))
+    # Delta^n > 0 for even n, so a non-positive bound means no information: keep inf.
+    out[rest] = np.where(upper > 0.0, log_upper, math.inf)
+  return out
+
+
+@functools.lru_cache(maxsize=4096)
 def _wor_log_moment_int(q: float, s: float, alpha: int) -> float:
-  """WBK19 Thm 9 bound on (alpha - 1) eps_S(alpha) for the Gaussian, integer alpha >= 2."""
+  """Bound on (alpha - 1) eps_S(alpha) for the Gaussian, integer alpha: WBK19 Thms 9 and 27."""
   if alpha == 1:
     return 0.0
-  eps2 = 1.0 / (s * s)
+  m = 1.0 / (2.0 * s * s)
   log_q = math.log(q)
   j = np.arange(2, alpha + 1, dtype=np.float64)
   log_binom = special.gammaln(alpha + 1.0) - special.gammaln(j + 1.0) - special.gammaln(
       alpha - j + 1.0)
-  log_terms = log_binom + j * log_q + math.log(2.0) + (j - 1.0) * j / (2.0 * s * s)
-  # j = 2: min(4 (e^{eps(2)} - 1), 2 e^{eps(2)}).
+  # Theorem 9: 2 exp((j - 1) eps(j)) = 2 exp(m j (j - 1)).
+  log_moment = math.log(2.0) + m * j * (j - 1.0)
+  if alpha <= _WOR_FD_MAX_ORDER:
+    # Theorem 27: 4 Delta^j for even j, 4 sqrt(Delta^(j-1) Delta^(j+1)) for odd j.
+    log_fd = _log_gauss_forward_differences(s)
+    ji = np.arange(2, alpha + 1)
+    odd = ji % 2
+    log_xi = 0.5 * (log_fd[ji - odd] + log_fd[ji + odd])  # log_fd[j] itself for even j
+    log_moment = np.minimum(log_moment, math.log(4.0) + log_xi)
+  log_terms = log_binom + j * log_q + log_moment
+  # j = 2: min(4 (e^{eps(2)} - 1), 2 e^{eps(2)}) (= 4 Delta^2 in Theorem 27 too).
+  eps2 = 2.0 * m
   log_terms[0] = log_binom[0] + 2.0 * log_q + min(
       math.log(4.0) + float(_log_expm1(np.array([eps2]))[0]), math.log(2.0) + eps2)
   log_sum = _logsumexp(log_terms)
@@ -701,12 +813,13 @@ class RdpAccountant(_accountant.Accountant):
   def epsilon_and_order(self, delta: float):
     """``(epsilon, optimal order, at_boundary)`` by RDP at ``delta`` in (0, 1).
 
-    ``optimal order`` is None when epsilon is inf (or nothing was composed);
+    ``optimal order`` is None when epsilon is inf, nothing was composed, or nothing is
+    subsampled (then epsilon is the exact one of ``get_epsilon``);
     ``at_boundary`` is True when it is the first or last of :attr:`orders`.
     """
     delta = check_delta("delta", delta)
-    if not self.atoms:
-      return 0.0, None, False
+    if not self.atoms or self._pure_gaussian_noise() is not None:
+      return self.get_epsilon(delta), None, False  # exact, no order involved
     with warnings.catch_warnings(record=True) as caught:
       warnings.simplefilter("always", OrderAtBoundaryWarning)
       eps, _, order = get_privacy_spent(self._orders, self.rdp(), target_delta=delta)

@@ -1,59 +1,59 @@
-"""The privacy budget during training: an accountant that records what training did, a Keras
-callback that reports (and enforces) epsilon, and "train to a budget" noise calibration.
+"""The privacy budget during training: a ledger of what training did, a Keras callback that
+reports (and enforces) epsilon, and "train to a budget" noise calibration.
 
-The accountant delegates every number to the top-level ``analysis`` package; it only keeps the
-record of phases ``(sampling probability q, noise multiplier sigma, steps, sampling,
-microbatch size)``.  How each phase is accounted:
+Every number comes from the top-level ``analysis`` package, through one rule: each recorded
+phase ``(sampling, q, sigma, steps, microbatch size, ...)`` becomes the event of
+``analysis.dp_sgd.dp_sgd_event`` (read its docstring for how Poisson, shuffled and
+without-replacement batches and microbatches are accounted), and the events are composed by
+the accountant named ``"rdp"`` or ``"pld"`` (``analysis.accountant.make_accountant``).  A
+composition with no amplification by sampling is reported exactly (one Gaussian mechanism).
 
-* ``sampling="poisson"`` (``tf_dpkit.data.poisson_batches``): the Poisson-subsampled Gaussian
-  mechanism with rate q, composed ``steps`` times (RDP or PLD).
-* ``sampling="shuffle"`` (shuffle-and-batch, each example once per epoch): no amplification by
-  sampling is claimed.  An example sits in exactly one batch per epoch, so the phase is
-  accounted as the plain Gaussian mechanism (q = 1) composed once per epoch started,
-  ``ceil(steps / steps_per_epoch)`` times.  When every phase is of this kind the composition is
-  exactly one Gaussian mechanism, and its exact epsilon is reported (``analysis.gaussian``, the
-  analytic Gaussian mechanism); mixed with Poisson phases, RDP or PLD composes them.
-* microbatches of more than one example: under add-or-remove adjacency a microbatch mean
-  changes by up to the clip when one example joins, and the clipped-sum analysis needs twice
-  the clip as sensitivity, so the phase is accounted with noise multiplier ``sigma / 2``.
+The ledger travels with the model: the Keras DP optimizers hold it in a float64 state variable
+(``optimizer.privacy_ledger``), which :class:`PrivacyBudget` keeps up to date after every batch,
+so ``.keras`` files, ``save_weights``, ``ModelCheckpoint`` and ``BackupAndRestore`` carry it
+whatever the order of the callbacks, and a fresh ``PrivacyBudget`` continues from it.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
-import warnings
 
 import keras
+import numpy as np
 
-from analysis import _checks, gaussian, rdp_accountant
+from analysis import _checks, dp_sgd
+from analysis import accountant as _accountant
+from analysis import events as _events
 
+#: Samplings a :class:`PrivacyBudget` can observe in ``fit``; the accountant also records
+#: ``"without_replacement"``.
 SAMPLINGS = ("poisson", "shuffle")
-ACCOUNTANTS = ("rdp", "pld")
+ACCOUNTANTS = _accountant.ACCOUNTANTS
+_CODES = {"poisson": 1.0, "shuffle": 2.0, "without_replacement": 3.0}
 
 
 @dataclasses.dataclass
 class Phase:
-  """A run of identical DP-SGD steps."""
+  """A run of identical DP-SGD steps (see :meth:`PrivacyAccountant.record` for the fields)."""
   sampling_probability: float
   noise_multiplier: float
   steps: int
   sampling: str = "poisson"
   microbatch_size: int = 1
   steps_per_epoch: int | None = None
+  dataset_size: int | None = None
+  batch_size: int | None = None
 
-  def mechanism(self):
-    """Returns ``(q, sigma, compositions)`` of the mechanism this phase is accounted as."""
-    sigma = self.noise_multiplier / 2 if self.microbatch_size > 1 else self.noise_multiplier
-    if self.sampling == "shuffle":
-      return 1.0, sigma, math.ceil(self.steps / self.steps_per_epoch)
-    return self.sampling_probability, sigma, self.steps
+  def event(self, steps: int | None = None) -> _events.DpEvent:
+    """The phase's mechanism (``analysis.dp_sgd.dp_sgd_event``), for ``steps`` (default all)."""
+    return dp_sgd.dp_sgd_event(
+        self.noise_multiplier, self.steps if steps is None else steps, sampling=self.sampling,
+        sampling_probability=(self.sampling_probability if self.sampling == "poisson" else None),
+        dataset_size=self.dataset_size, batch_size=self.batch_size,
+        steps_per_epoch=self.steps_per_epoch, microbatch_size=self.microbatch_size)
 
   def same_kind(self, other) -> bool:
-    return (self.sampling_probability, self.noise_multiplier, self.sampling,
-            self.microbatch_size, self.steps_per_epoch) == (
-                other.sampling_probability, other.noise_multiplier, other.sampling,
-                other.microbatch_size, other.steps_per_epoch)
+    return dataclasses.replace(self, steps=0) == dataclasses.replace(other, steps=0)
 
 
 def _is_real(value):
@@ -83,7 +83,7 @@ class PrivacyAccountant:
     return sum(p.steps for p in self.phases)
 
   def record(self, sampling_probability, noise_multiplier, steps=1, *, sampling="poisson",
-             microbatch_size=1, steps_per_epoch=None):
+             microbatch_size=1, steps_per_epoch=None, dataset_size=None, batch_size=None):
     """Records ``steps`` DP-SGD steps with the given settings (merged into the last phase if equal).
 
     Args:
@@ -91,21 +91,28 @@ class PrivacyAccountant:
         (expected batch size / dataset size).
       noise_multiplier: sigma >= 0 (noise std / clip norm).
       steps: integer >= 0.
-      sampling: ``"poisson"`` or ``"shuffle"`` (see the module docstring).
+      sampling: ``"poisson"``, ``"shuffle"`` or ``"without_replacement"``
+        (``analysis.dp_sgd``).
       microbatch_size: examples per microbatch (>= 1).
       steps_per_epoch: required for ``"shuffle"``: batches per pass over the data.
+      dataset_size, batch_size: required for ``"without_replacement"`` (N and the fixed batch
+        size).
+
+    Raises:
+      ValueError: an argument out of range or missing for the sampling (named in the message).
     """
     _checks.check_probability("sampling_probability", sampling_probability, allow_zero=False)
-    _checks.check_nonnegative("noise_multiplier", noise_multiplier)
-    steps = _checks.check_count("steps", steps, minimum=0)
-    _checks.check_choice("sampling", sampling, SAMPLINGS)
-    microbatch_size = _checks.check_count("microbatch_size", microbatch_size, minimum=1)
-    if sampling == "shuffle" and steps_per_epoch is None:
-      raise ValueError("sampling='shuffle' needs steps_per_epoch (an integer >= 1).")
-    if steps_per_epoch is not None:
-      steps_per_epoch = _checks.check_count("steps_per_epoch", steps_per_epoch, minimum=1)
-    phase = Phase(float(sampling_probability), float(noise_multiplier), steps, sampling,
-                  microbatch_size, steps_per_epoch)
+    phase = Phase(float(sampling_probability), noise_multiplier, steps, sampling,
+                  microbatch_size, steps_per_epoch, dataset_size, batch_size)
+    event = phase.event()  # the one place that validates a phase
+    phase = dataclasses.replace(
+        phase, noise_multiplier=float(noise_multiplier),
+        steps=_checks.check_steps("steps", steps),
+        microbatch_size=_checks.check_integer("microbatch_size", microbatch_size, minimum=1),
+        steps_per_epoch=(None if steps_per_epoch is None else int(steps_per_epoch)),
+        dataset_size=None if dataset_size is None else int(dataset_size),
+        batch_size=None if batch_size is None else int(batch_size))
+    del event
     if self.phases and self.phases[-1].same_kind(phase):
       self.phases[-1].steps += phase.steps
     elif phase.steps:
@@ -117,25 +124,16 @@ class PrivacyAccountant:
     ``extra`` is an optional phase of future steps to include (a what-if for budget checks).
     """
     delta = self.delta if delta is None else delta
-    phases = self.phases + ([extra] if extra is not None else [])
-    mechanisms = [p.mechanism() for p in phases if p.steps]
-    if not mechanisms:
-      return 0.0
-    qs, sigmas, counts = (list(column) for column in zip(*mechanisms))
-    if all(q == 1.0 for q in qs):
-      # No amplification anywhere: exactly one Gaussian mechanism (analysis.gaussian).
-      if any(sigma == 0.0 for sigma, count in zip(sigmas, counts) if count):
-        return math.inf
-      return gaussian.composed_epsilon(sigmas, counts, delta)
-    if self.accountant == "pld":
-      from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
-      return pld_accountant.compute_epsilon_with_rdp_cap(qs, sigmas, counts, delta).epsilon
-    orders = rdp_accountant.DEFAULT_ORDERS
-    rdp = rdp_accountant.compute_heterogeneous_rdp(qs, sigmas, counts, orders)
-    with warnings.catch_warnings():
-      warnings.simplefilter("ignore")
-      eps, _, _ = rdp_accountant.get_privacy_spent(orders, rdp, target_delta=delta)
-    return float(eps)
+    accountant = _accountant.make_accountant(self.accountant)
+    for phase in self.phases + ([extra] if extra is not None else []):
+      accountant.compose(phase.event())
+    return float(accountant.get_epsilon(delta))
+
+  @property
+  def ledger(self) -> _events.ComposedEvent:
+    """The recorded run as one :mod:`analysis.events` event (export it with
+    ``analysis.events.to_dp_accounting``)."""
+    return _events.ComposedEvent(tuple(phase.event() for phase in self.phases))
 
   def state_dict(self) -> dict:
     """A JSON-serialisable snapshot (store it beside a checkpoint)."""
@@ -156,7 +154,8 @@ class PrivacyAccountant:
     """Validates ``phase`` like :meth:`record` and appends it (restoring keeps phase order)."""
     self.record(phase.sampling_probability, phase.noise_multiplier, phase.steps,
                 sampling=phase.sampling, microbatch_size=phase.microbatch_size,
-                steps_per_epoch=phase.steps_per_epoch)
+                steps_per_epoch=phase.steps_per_epoch, dataset_size=phase.dataset_size,
+                batch_size=phase.batch_size)
 
   @classmethod
   def from_state_dict(cls, state: dict) -> "PrivacyAccountant":
@@ -190,19 +189,25 @@ class PrivacyBudget(keras.callbacks.Callback):
     verbose: print a line when the budget stops training.
   """
 
+  #: Marks callbacks that DP models run before all others in ``fit`` (so that the ledger is
+  #: current when checkpointing callbacks save, and ``epsilon`` is in the logs they see).
+  _dp_runs_first = True
+
   def __init__(self, sampling_probability, delta=None, target_epsilon=None, *,
                sampling="poisson", steps_per_epoch=None, batch_size=None, accountant="rdp",
                verbose=True):
     super().__init__()
     if target_epsilon is not None:
       _checks.check_positive("target_epsilon", target_epsilon)
-    if isinstance(accountant, PrivacyAccountant):
+    self._given_accountant = isinstance(accountant, PrivacyAccountant)
+    if self._given_accountant:
       if delta is not None and delta != accountant.delta:
         raise ValueError(f"delta={delta!r} differs from the given accountant's delta="
                          f"{accountant.delta!r}; pass one of them.")
       self.accountant = accountant
     else:
       self.accountant = PrivacyAccountant(1e-5 if delta is None else delta, accountant)
+    _checks.check_choice("sampling", sampling, SAMPLINGS)
     self.sampling_probability = sampling_probability
     self.target_epsilon = target_epsilon
     self.sampling = sampling
@@ -211,7 +216,7 @@ class PrivacyBudget(keras.callbacks.Callback):
     self.verbose = verbose
     self.stopped_at_step = None
     self._seen_iterations = 0
-    self._epoch_start_steps = 0
+    self._epoch_start_iterations = 0
     self._max_steps = None
     PrivacyAccountant(0.5).record(sampling_probability, 1.0, 0, sampling=sampling,
                                   steps_per_epoch=steps_per_epoch)  # validates now
@@ -246,14 +251,39 @@ class PrivacyBudget(keras.callbacks.Callback):
           "expected_batch_size=q*N: this one divides by the realised batch size, which is how "
           f"fixed-size batches are trained, not the Poisson-sampled mechanism. {fix}")
 
-  def _record_new_steps(self):
-    now = int(self.model.optimizer.iterations.numpy())
-    if now > self._seen_iterations:
-      phase = self._current_phase(now - self._seen_iterations)
+  # -- the ledger ----------------------------------------------------------------------------
+
+  def _ledger_variable(self):
+    return getattr(self.model.optimizer, "privacy_ledger", None)
+
+  def _write_ledger(self):
+    variable = self._ledger_variable()
+    if variable is not None:
+      variable.assign(ledger_array(self.accountant.phases, tuple(variable.shape)))
+
+  def _adopt_saved_ledger(self):
+    """Continues from the ledger saved with the optimizer when it records more steps."""
+    variable = self._ledger_variable()
+    if variable is None:
+      return
+    saved = phases_from_ledger(variable.numpy())
+    if sum(p.steps for p in saved) > self.accountant.steps:
+      self.accountant.phases = []
+      for phase in saved:
+        self.accountant._append_phase(phase)  # pylint: disable=protected-access
+
+  def _record_until(self, iterations: int):
+    """Records the steps between the last seen optimizer iteration and ``iterations``."""
+    if iterations > self._seen_iterations:
+      phase = self._current_phase(iterations - self._seen_iterations)
       self.accountant.record(phase.sampling_probability, phase.noise_multiplier, phase.steps,
                              sampling=phase.sampling, microbatch_size=phase.microbatch_size,
                              steps_per_epoch=phase.steps_per_epoch)
-    self._seen_iterations = now
+      self._seen_iterations = iterations
+      self._write_ledger()
+
+  def _record_new_steps(self):
+    self._record_until(int(self.model.optimizer.iterations.numpy()))
 
   def _largest_affordable_total(self):
     """Largest total step count whose epsilon stays within the target (doubling + bisection)."""
@@ -272,40 +302,49 @@ class PrivacyBudget(keras.callbacks.Callback):
       low, high = (mid, high) if fits(mid) else (low, mid)
     return self.accountant.steps + low
 
+  # -- callback hooks ------------------------------------------------------------------------
+
   def on_train_begin(self, logs=None):
     if not hasattr(self.model.optimizer, "noise_multiplier"):
       raise TypeError("PrivacyBudget needs a model compiled with a tf_dpkit DP optimizer.")
+    self._adopt_saved_ledger()
     self._seen_iterations = int(self.model.optimizer.iterations.numpy())
     if self._seen_iterations > self.accountant.steps:
       raise ValueError(
-          f"The optimizer has already taken {self._seen_iterations} steps but the accountant "
-          f"recorded {self.accountant.steps}: epsilon would leave out the earlier steps. Pass "
-          "the earlier run's accountant (accountant=PrivacyAccountant.from_state_dict(saved)) "
-          "or the same PrivacyBudget to every fit() call.")
+          f"The optimizer has already taken {self._seen_iterations} steps but the privacy "
+          f"ledger records {self.accountant.steps}: epsilon would leave out the earlier steps "
+          "(trained without a PrivacyBudget, or restored from a checkpoint made before the "
+          "ledger existed). Train every step with a PrivacyBudget, or pass the earlier run's "
+          "accountant (accountant=PrivacyAccountant.from_state_dict(saved)).")
     self._current_phase(0)  # validates batch_size against num_microbatches before training
     if self.sampling == "poisson":
       self._check_batches_can_be_poisson()
-    self._epoch_start_steps = self.accountant.steps
+    self._write_ledger()
+    self._epoch_start_iterations = self._seen_iterations
+    steps_before = self.accountant.steps
     if self.target_epsilon is not None:
       # The settings are fixed during fit, so the budget becomes a step count, computed once.
       self._max_steps = self._largest_affordable_total()
-      if self._max_steps is not None and self._max_steps <= self.accountant.steps:
+      if self._max_steps is not None and self._max_steps <= steps_before:
         raise ValueError(
             f"target_epsilon={self.target_epsilon} does not allow even one more step at "
             f"delta={self.accountant.delta} (epsilon so far {self.accountant.epsilon():.4f}); "
             "raise the target or the noise multiplier.")
+      # In optimizer iterations (the ledger may hold more steps than the optimizer took).
+      self._max_steps -= steps_before - self._seen_iterations
 
   def on_epoch_begin(self, epoch, logs=None):
-    self._epoch_start_steps = self.accountant.steps
+    self._epoch_start_iterations = self._seen_iterations
 
   def on_train_batch_end(self, batch, logs=None):
-    if self._max_steps is None or self.model.stop_training:
-      return  # nothing to enforce: no per-step work (and no device sync) at all
     # Keras reports the index of the last step of the execution just run, so the step count is
     # known without reading the optimizer's counter from the device every step.
-    steps_now = self._epoch_start_steps + int(batch) + 1
+    iterations = self._epoch_start_iterations + int(batch) + 1
+    self._record_until(iterations)  # keeps the saved ledger current for checkpoints
+    if self._max_steps is None or self.model.stop_training:
+      return
     steps_per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
-    if steps_now + steps_per_execution > self._max_steps:
+    if iterations + steps_per_execution > self._max_steps:
       self._record_new_steps()
       self.model.stop_training = True
       self.stopped_at_step = self.accountant.steps
@@ -319,36 +358,73 @@ class PrivacyBudget(keras.callbacks.Callback):
     if logs is not None:
       logs["epsilon"] = self.accountant.epsilon()
 
+  def on_train_end(self, logs=None):
+    self._record_new_steps()
+
 
 def noise_multiplier_for_budget(target_epsilon, delta, dataset_size, batch_size, epochs, *,
-                                accountant="rdp", sampling="poisson", microbatch_size=1):
+                                accountant="rdp", sampling="poisson", microbatch_size=1,
+                                steps_per_epoch=None):
   """Train to a budget: the smallest noise multiplier meeting ``(target_epsilon, delta)``.
 
-  Accounted exactly as :class:`PrivacyAccountant` will account the run:
-
-  * ``sampling="poisson"``: q = batch_size / dataset_size for ``ceil(epochs * dataset_size /
-    batch_size)`` steps (``analysis.calibration.compute_noise_multiplier_for_training``);
-  * ``sampling="shuffle"``: the plain Gaussian mechanism (q = 1) once per epoch started,
-    ``ceil(epochs)`` times, calibrated exactly (``analysis.gaussian``) whatever ``accountant``;
-  * ``microbatch_size > 1`` doubles the returned sigma (the accountant uses ``sigma / 2``).
+  The run is accounted exactly as :class:`PrivacyAccountant` will account it (the same
+  ``analysis.dp_sgd`` rule): ``analysis.calibration.compute_noise_multiplier_for_training``.
+  ``"poisson"``: q = batch_size / dataset_size for ``ceil(epochs * dataset_size / batch_size)``
+  steps; ``"shuffle"``: the Gaussian once per epoch started, ``ceil(epochs)`` times;
+  ``microbatch_size > 1`` halves the effective noise, so the sigma returned is about doubled.
 
   Args:
     target_epsilon: > 0; delta: in (0, 1); dataset_size, batch_size: integers with
       ``1 <= batch_size <= dataset_size``; epochs: real >= 0.
     accountant: ``"rdp"`` or ``"pld"``; sampling: ``"poisson"`` or ``"shuffle"``;
-    microbatch_size: examples per microbatch, integer >= 1.
+    microbatch_size: examples per microbatch, integer >= 1;
+    steps_per_epoch: batches per epoch for ``"shuffle"`` (default ``dataset_size //
+      batch_size``; only whole epochs count).
   """
   from analysis import calibration  # pylint: disable=g-import-not-at-top
   _checks.check_choice("sampling", sampling, SAMPLINGS)
-  microbatch_size = _checks.check_count("microbatch_size", microbatch_size, minimum=1)
-  if sampling == "poisson":
-    sigma = calibration.compute_noise_multiplier_for_training(
-        target_epsilon, delta, dataset_size, batch_size, epochs, accountant=accountant)
-  else:
-    steps = calibration.steps_for_training(dataset_size, batch_size, epochs)  # validates
-    _checks.check_choice("accountant", accountant, ACCOUNTANTS)
-    passes = math.ceil(epochs) if steps else 0
-    target_epsilon = _checks.check_positive("target_epsilon", target_epsilon)
-    sigma = (0.0 if passes == 0 or math.isinf(target_epsilon) else
-             gaussian.noise_multiplier_for_epsilon(target_epsilon, delta, passes))
-  return 2 * sigma if microbatch_size > 1 else sigma
+  return calibration.compute_noise_multiplier_for_training(
+      target_epsilon, delta, dataset_size, batch_size, epochs, sampling=sampling,
+      microbatch_size=microbatch_size, steps_per_epoch=steps_per_epoch, accountant=accountant)
+
+
+# ------------------------------------------------------------------------------------------
+# The ledger as optimizer state.
+
+_FIELDS = ("sampling", "sampling_probability", "noise_multiplier", "steps", "microbatch_size",
+           "steps_per_epoch", "dataset_size", "batch_size")
+
+
+def ledger_array(phases, shape) -> np.ndarray:
+  """Encodes phases as the float64 ``shape = (rows, 8)`` table of ``optimizer.privacy_ledger``.
+
+  Row i: (sampling code 1/2/3, q, sigma, steps, microbatch size, steps per epoch or 0, dataset
+  size or 0, batch size or 0); unused rows are all 0.  Integers up to 2**53 are exact.
+
+  Raises:
+    ValueError: more phases than rows.
+  """
+  table = np.zeros(shape, np.float64)
+  if len(phases) > shape[0]:
+    raise ValueError(
+        f"The privacy ledger holds at most {shape[0]} phases (runs of steps with different "
+        f"settings); this run has {len(phases)}. Record fewer distinct settings.")
+  for i, p in enumerate(phases):
+    table[i] = (_CODES[p.sampling], p.sampling_probability, p.noise_multiplier, p.steps,
+                p.microbatch_size, p.steps_per_epoch or 0, p.dataset_size or 0,
+                p.batch_size or 0)
+  return table
+
+
+def phases_from_ledger(table) -> list:
+  """Decodes :func:`ledger_array`; raises ValueError for a table that is not a ledger."""
+  names = {code: name for name, code in _CODES.items()}
+  phases = []
+  for row in np.asarray(table, np.float64):
+    if not row.any():
+      continue
+    if row[0] not in names:
+      raise ValueError(f"Not a privacy ledger row: {row.tolist()}.")
+    phases.append(Phase(float(row[1]), float(row[2]), int(row[3]), names[row[0]], int(row[4]),
+                        int(row[5]) or None, int(row[6]) or None, int(row[7]) or None))
+  return phases

@@ -37,6 +37,14 @@ from tf_dpkit.optimizers import is_dp_optimizer
 from tf_dpkit.model_gradients import clipped_sum_for_model
 
 
+def _privacy_callbacks_first(callbacks):
+  if callbacks is None or isinstance(callbacks, keras.callbacks.CallbackList):
+    return callbacks
+  callbacks = list(callbacks)
+  first = [c for c in callbacks if getattr(c, "_dp_runs_first", False)]
+  return first + [c for c in callbacks if not getattr(c, "_dp_runs_first", False)]
+
+
 def _single_loss(loss):
   """``keras.losses.get(loss)`` as an unreduced ``f(y_true, y_pred)``."""
   loss_obj = keras.losses.get(loss)
@@ -124,7 +132,18 @@ class _DPTrainStep:
           "tf_dpkit.DPGradientDescentGaussianOptimizer(l2_norm_clip=..., noise_multiplier=..., "
           f"learning_rate=...)), got {optimizer!r}.")
     self._dp_per_example_loss = _per_example_loss_fn(self, loss, loss_weights)
+    # Re-compiling (e.g. to change the noise) keeps the privacy ledger: the earlier steps still
+    # count, whatever optimizer takes the next ones (tf_dpkit.budget).
+    previous = getattr(self, "optimizer", None)
+    ledger = getattr(previous, "privacy_ledger", None)
+    ledger = ledger.numpy() if ledger is not None and previous is not optimizer else None
     super().compile(optimizer=optimizer, loss=loss, loss_weights=loss_weights, **kwargs)
+    target = getattr(self.optimizer, "privacy_ledger", None)
+    if ledger is not None and ledger.any() and target is not None:
+      if target.numpy().any():
+        raise ValueError("The new optimizer already holds a privacy ledger, and so did the "
+                         "previous one; compile with a fresh DP optimizer to continue the run.")
+      target.assign(ledger)
     if not is_dp_optimizer(self.optimizer):
       raise ValueError(
           f"Keras wrapped the DP optimizer in {type(self.optimizer).__name__} (the "
@@ -159,6 +178,14 @@ class _DPTrainStep:
     # PrivacyBudget never accounts such batches as Poisson samples.
     self._dp_keras_batches_arrays = x is not None and not isinstance(
         x, (tf.data.Dataset, keras.utils.PyDataset)) and not callable(getattr(x, "__next__", None))
+    # Privacy callbacks (tf_dpkit.budget.PrivacyBudget) run first: the saved ledger is then
+    # current when checkpointing callbacks save, and `epsilon` is in the logs every later
+    # callback (CSVLogger, TensorBoard) sees, whatever order the user listed them in.
+    args = list(args)
+    if len(args) > 3:  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
+      args[3] = _privacy_callbacks_first(args[3])
+    elif "callbacks" in kwargs:
+      kwargs["callbacks"] = _privacy_callbacks_first(kwargs["callbacks"])
     return super().fit(x, y, *args, **kwargs)
 
   # How per-microbatch gradients are computed: "auto" (fast per-layer path when the model is a

@@ -13,6 +13,9 @@ import tensorflow as tf
 from tf_dpkit.clipping import clipped_sum_from_vector_loss
 from tf_dpkit.optimizers.base import CONSTRUCTOR_ARGS_DOC, DPOptimizerBase
 
+#: Rows x fields of the privacy ledger variable (format owned by ``tf_dpkit.budget``).
+PRIVACY_LEDGER_SHAPE = (64, 8)
+
 
 def make_keras_dp_class(base):
   """Builds the DP subclass of the Keras 3 optimizer class ``base`` (see the factory)."""
@@ -41,6 +44,16 @@ def make_keras_dp_class(base):
                                           num_microbatches, expected_batch_size, seed)
       super().__init__(*args, **kwargs)
       self._attach_dp(settings)
+      # The privacy ledger (tf_dpkit.budget): optimizer state, so it is saved and restored with
+      # the model (.keras files, save_weights, ModelCheckpoint, BackupAndRestore).
+      self._privacy_ledger = self.add_variable(
+          shape=PRIVACY_LEDGER_SHAPE, initializer="zeros", dtype="float64",
+          name="dp_privacy_ledger")
+
+    @property
+    def privacy_ledger(self):
+      """float64 variable holding the record of the DP steps taken (see ``tf_dpkit.budget``)."""
+      return self._privacy_ledger
 
     def get_config(self):
       config = super().get_config()
