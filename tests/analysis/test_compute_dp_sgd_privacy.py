@@ -254,3 +254,190 @@ def test_cli_orders_with_pld_is_an_error():
   assert proc.returncode == 0, proc.stderr
   expected = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 3, 1e-5, accountant="pld")
   assert f"epsilon = {expected.epsilon:.4g} at delta = 1e-05" in proc.stdout
+
+
+# ------------------------------------------------------------------------------------------
+# TF Privacy's flags: --used_microbatching, --accountant_type, --max_examples_per_user; --help.
+# References: dp_accounting on the same (integer) orders, the exact Gaussian in mpmath
+# (dp_references.exact_gaussian_epsilon) and a brute-force group-privacy search.
+
+_EPS_LINE = r"^epsilon = (\S+) at delta = 1e-05 \(Poisson sampling, "
+_BASE = ("--N=60000", "--batch_size=256", "--noise_multiplier=1.1")
+_INT_ORDERS_FLAG = "--orders=" + ",".join(f"{a:g}" for a in INT_ORDERS)
+
+
+def _printed(pattern, stdout, group=1):
+  import re  # pylint: disable=g-import-not-at-top
+  match = re.search(pattern, stdout, re.MULTILINE)
+  assert match, stdout
+  return float(match.group(group))
+
+
+def _exact(sigma, count, delta=1e-5):
+  from dp_references import exact_gaussian_epsilon  # pylint: disable=g-import-not-at-top
+  return exact_gaussian_epsilon(sigma, count, delta)
+
+
+def test_used_microbatching_halves_the_effective_noise():
+  q, steps = 256 / 60000, math.ceil(5 * 60000 / 256)
+  reference = _dp_accounting_rdp(q, 0.55, steps, INT_ORDERS).get_epsilon(1e-5)
+  for microbatch_size in (1, 4):
+    result = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 5, 1e-5, orders=INT_ORDERS,
+                                        used_microbatching=True,
+                                        microbatch_size=microbatch_size)
+    assert result.effective_noise_multiplier == 0.55 and result.used_microbatching
+    assert result.epsilon == pytest.approx(reference, rel=1e-9)
+    assert result.epsilon_no_amplification == pytest.approx(_exact(0.55, 5), rel=1e-9)
+  text = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 5, 1e-5, used_microbatching=True).statement()
+  assert "per microbatch of more than one example" in text and "0.55 (= 1.1 / 2)" in text
+  with pytest.raises(ValueError) as info:
+    cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 5, 1e-5, used_microbatching="yes")
+  assert str(info.value) == "used_microbatching must be True or False, got 'yes'."
+
+
+def test_cli_used_microbatching():
+  q, steps = 256 / 60000, math.ceil(5 * 60000 / 256)
+  reference = _dp_accounting_rdp(q, 0.55, steps, INT_ORDERS).get_epsilon(1e-5)
+  for extra in (("--used_microbatching",), ("--used_microbatching", "--microbatch_size=4"),
+                ("--used_microbatching=true",)):
+    proc = _cli(*_BASE, "--epochs=5", _INT_ORDERS_FLAG, *extra)
+    assert proc.returncode == 0, proc.stderr
+    assert _printed(_EPS_LINE, proc.stdout) == pytest.approx(reference, rel=5e-4)
+    assert _printed(r"^epsilon without amplification by sampling = (\S+)$",
+                    proc.stdout) == pytest.approx(_exact(0.55, 5), rel=5e-4)
+    assert "effective noise multiplier = 0.55" in proc.stdout
+  # --noused_microbatching is per-example clipping: the same run as without the flag.
+  plain = _cli(*_BASE, "--epochs=5")
+  proc = _cli(*_BASE, "--epochs=5", "--noused_microbatching")
+  assert proc.returncode == 0 and proc.stdout == plain.stdout
+  assert "effective noise multiplier = 1.1" in proc.stdout
+  # ... and contradicts microbatches of 4.
+  proc = _cli(*_BASE, "--epochs=5", "--noused_microbatching", "--microbatch_size=4")
+  assert proc.returncode == 2 and proc.stdout == ""
+  assert proc.stderr == ("compute_dp_sgd_privacy: error: --noused_microbatching contradicts "
+                         "--microbatch_size=4; give one of them\n")
+
+
+def test_cli_accountant_type():
+  dp_accounting = _dp_accounting()
+  pld_module = pytest.importorskip("dp_accounting.pld.pld_privacy_accountant")
+  steps = math.ceil(2 * 60000 / 256)
+  reference = pld_module.PLDAccountant(value_discretization_interval=1e-4)
+  reference.compose(dp_accounting.PoissonSampledDpEvent(
+      256 / 60000, dp_accounting.GaussianDpEvent(1.1)), steps)
+  pld = _cli(*_BASE, "--epochs=2", "--accountant=pld")
+  assert pld.returncode == 0, pld.stderr
+  eps = _printed(_EPS_LINE, pld.stdout)
+  assert eps <= reference.get_epsilon(1e-5) * (1 + 1e-3) + 5e-4 * eps
+  assert eps >= reference.get_epsilon(1e-5) * (1 - 1e-3) - 5e-4 * eps
+  for flags in (("--accountant_type=PLD",), ("--accountant_type=PLD", "--accountant=pld")):
+    proc = _cli(*_BASE, "--epochs=2", *flags)
+    assert proc.returncode == 0 and proc.stdout == pld.stdout, proc.stderr
+  rdp = _cli(*_BASE, "--epochs=2")
+  for flags in (("--accountant_type=RDP",), ("--accountant_type=RDP", "--accountant=rdp")):
+    proc = _cli(*_BASE, "--epochs=2", *flags)
+    assert proc.returncode == 0 and proc.stdout == rdp.stdout, proc.stderr
+  assert "rdp accountant" in rdp.stdout and rdp.stdout != pld.stdout
+  for given, typed in (("rdp", "PLD"), ("pld", "RDP")):
+    proc = _cli(*_BASE, "--epochs=2", f"--accountant={given}", f"--accountant_type={typed}")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (f"compute_dp_sgd_privacy: error: --accountant={given} and "
+                           f"--accountant_type={typed} disagree; give one of them\n")
+  proc = _cli(*_BASE, "--epochs=2", "--accountant_type=pld")
+  assert proc.returncode == 2 and proc.stderr == (
+      "compute_dp_sgd_privacy: error: flag --accountant_type=pld: value should be one of "
+      "<RDP|PLD>\n")
+
+
+def _brute_force_group_epsilon(get_epsilon, k, delta):
+  """min over per-example d of k eps(d) s.t. k e^{(k-1) eps(d)} d <= delta, on a grid of
+  log d over [log 1e-300, log(delta / k)] refined twice around its best feasible point."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  low, top = math.log(1e-300), math.log(delta / k)
+  grid, best, where = np.linspace(low, top, 700), math.inf, None
+  for _ in range(3):
+    for log_d in grid:
+      eps = get_epsilon(math.exp(log_d))
+      if math.log(k) + (k - 1) * eps + log_d <= math.log(delta) and k * eps < best:
+        best, where = k * eps, log_d
+    if where is None:
+      return math.inf
+    step = grid[1] - grid[0]
+    grid = np.linspace(max(where - step, low), min(where + step, top), 200)
+  return best
+
+
+def test_max_examples_per_user():
+  q, steps = 256 / 60000, math.ceil(2.5 * 60000 / 256)
+  result = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 2.5, 1e-5, orders=INT_ORDERS,
+                                      max_examples_per_user=3)
+  # Once per epoch: the user's examples are one Gaussian of sigma / 3 per epoch, 3 epochs.
+  assert result.user_epsilon_no_amplification == pytest.approx(_exact(1.1 / 3, 3), rel=1e-9)
+  # Poisson: group privacy on top of the per-example accountant; checked with dp_accounting.
+  reference = _dp_accounting_rdp(q, 1.1, steps, INT_ORDERS)
+  g = result.user_epsilon
+  d = 1e-5 * math.exp(-2 * g / 3) / 3  # the largest per-example delta g allows
+  assert reference.get_epsilon(d) <= g / 3 * (1 + 1e-9)
+  brute = _brute_force_group_epsilon(reference.get_epsilon, 3, 1e-5)
+  assert brute * (1 - 1e-3) <= g <= brute * (1 + 1e-3)
+  assert g > 3 * result.epsilon
+  text = result.statement()
+  assert "each user contributing at most 3 examples" in text and f"{g:.4g}" in text
+  # One example per user: the example-level numbers.
+  one = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 2.5, 1e-5, max_examples_per_user=1)
+  assert one.user_epsilon == one.epsilon
+  assert one.user_epsilon_no_amplification == one.epsilon_no_amplification
+  # With microbatches: sigma / (2 k) once per epoch.
+  micro = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 2.5, 1e-5, max_examples_per_user=2,
+                                     microbatch_size=2)
+  assert micro.user_epsilon_no_amplification == pytest.approx(_exact(1.1 / 4, 3), rel=1e-9)
+  plain = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 2.5, 1e-5)
+  assert plain.user_epsilon is None and plain.user_epsilon_no_amplification is None
+  assert "User-level" not in plain.statement()
+  for k, message in [(0, "max_examples_per_user must be an integer in [1, 60000], got 0."),
+                     (60001, "max_examples_per_user must be an integer in [1, 60000], got 60001."),
+                     (2.0, "max_examples_per_user must be an integer in [1, 60000], got 2.0.")]:
+    with pytest.raises(ValueError) as info:
+      cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 2.5, 1e-5, max_examples_per_user=k)
+    assert str(info.value) == message
+
+
+def test_cli_max_examples_per_user():
+  q, steps = 256 / 60000, math.ceil(2.5 * 60000 / 256)
+  proc = _cli(*_BASE, "--epochs=2.5", "--max_examples_per_user=3", _INT_ORDERS_FLAG)
+  assert proc.returncode == 0, proc.stderr
+  line = (r"^user-level epsilon \(at most 3 examples per user\) = (\S+) \(Poisson sampling, "
+          r"group privacy\), (\S+) \(each example once per epoch\)$")
+  reference = _dp_accounting_rdp(q, 1.1, steps, INT_ORDERS)
+  brute = _brute_force_group_epsilon(reference.get_epsilon, 3, 1e-5)
+  assert _printed(line, proc.stdout, 1) == pytest.approx(brute, rel=2e-3)
+  assert _printed(line, proc.stdout, 2) == pytest.approx(_exact(1.1 / 3, 3), rel=5e-4)
+  assert "User-level privacy" in proc.stdout
+  proc = _cli(*_BASE, "--epochs=2.5")
+  assert proc.returncode == 0 and "user-level" not in proc.stdout
+  for k in (0, 60001):
+    proc = _cli(*_BASE, "--epochs=2.5", f"--max_examples_per_user={k}")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == ("compute_dp_sgd_privacy: error: max_examples_per_user must be an "
+                           f"integer in [1, 60000], got {k}.\n")
+
+
+def test_installed_console_script_help_lists_every_flag():
+  import re  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  script = shutil.which("compute_dp_sgd_privacy")
+  if script is None:
+    candidate = pathlib.Path(sys.executable).parent / "compute_dp_sgd_privacy"
+    script = str(candidate) if candidate.exists() else None
+  if script is None:
+    pytest.skip("the compute_dp_sgd_privacy console script is not installed")
+  proc = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120,
+                        cwd=ROOT)
+  assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+  flags = {"N", "batch_size", "noise_multiplier", "epochs", "delta", "microbatch_size",
+           "orders", "accountant", "accountant_type", "used_microbatching",
+           "max_examples_per_user"}
+  listed = set(re.findall(r"^\s+--(?:\[no\])?(\w+):", proc.stdout, re.MULTILINE))
+  assert listed == flags, proc.stdout
+  assert "--[no]used_microbatching:" in proc.stdout
+  assert proc.stdout.startswith(cdp.__doc__.split("\n", 1)[0])
