@@ -46,9 +46,9 @@ def check_real(name: str, value, *, allow_nan: bool = False) -> float:
 
 
 def check_nonnegative(name: str, value) -> float:
-  """Returns ``value`` as float; requires it in [0, inf)."""
-  value = check_real(name, value)
-  if value < 0.0:
+  """Returns ``value`` as float; requires it in [0, inf]."""
+  value = check_real(name, value, allow_nan=True)
+  if not value >= 0.0:
     raise ValueError(f"{name} must be >= 0, got {_describe(value)}.")
   return value
 

@@ -8,8 +8,9 @@ Contract of every :class:`Accountant` (RDP, PLD, and the PATE accountant to come
 
 * ``compose(event, count=1)`` appends ``count`` runs of ``event`` (an :mod:`analysis.events`
   event) to the ledger and returns the accountant.  An event the accountant cannot analyse is
-  refused with :class:`analysis.events.UnsupportedEventError` *before* anything is recorded;
-  so is an event whose neighbouring relation does not combine with the ledger's.
+  refused with :class:`analysis.events.UnsupportedEventError`, and one whose neighbouring
+  relation does not combine with the ledger's with
+  :class:`analysis.events.IncompatibleEventsError`, both *before* anything is recorded.
 * ``get_epsilon(delta)``: an upper bound (nats, in [0, inf]) on the smallest epsilon such that
   the composition of everything composed so far is (epsilon, delta)-DP under
   :attr:`neighboring_relation`; ``delta`` in (0, 1).
@@ -55,8 +56,7 @@ class Accountant(abc.ABC):
     """Adds ``count`` (integer in [0, 2**53]) runs of ``event``; returns self."""
     atoms = events.flatten(event, count)  # validates both
     events.relation_of(self._atoms + atoms)
-    for atom in atoms:
-      self._check_atom(atom)
+    self._check_atoms(atoms)
     self._events.append(event if count == 1 else events.SelfComposedEvent(event, count))
     self._atoms = _merge(self._atoms + atoms)
     self._changed()
@@ -102,8 +102,9 @@ class Accountant(abc.ABC):
   # -- for subclasses ----------------------------------------------------------------------
 
   @abc.abstractmethod
-  def _check_atom(self, atom: events.Atom) -> None:
-    """Raises UnsupportedEventError (or ValueError) for an atom this accountant cannot take."""
+  def _check_atoms(self, atoms: list) -> None:
+    """Raises UnsupportedEventError (or ValueError) when the atoms of one ``compose`` cannot
+    be added to the ledger (nothing is recorded then)."""
 
   @abc.abstractmethod
   def _epsilon(self, delta: float) -> float:

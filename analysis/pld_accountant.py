@@ -669,16 +669,19 @@ class PLDAccountant(_accountant.Accountant):
       phases[key] = phases.get(key, 0) + atom.count
     return phases
 
-  def _check_atom(self, atom) -> None:
-    if isinstance(atom.sampling, tuple):
-      raise _events.UnsupportedEventError(
-          "The PLD accountant does not support sampling without replacement; use the RDP "
-          "accountant (analysis.rdp_accountant.RdpAccountant, accountant='rdp').")
-    total = sum(a.count for a in self.atoms) + atom.count
-    if total > MAX_STEPS:
-      raise ValueError(
-          f"steps must keep the accountant's total in [0, {MAX_STEPS}] ({_STEPS_WHY}); "
-          f"adding {atom.count} steps would make it {total}.")
+  def _check_atoms(self, atoms) -> None:
+    for atom in atoms:
+      if isinstance(atom.sampling, tuple):
+        raise _events.UnsupportedEventError(
+            "The PLD accountant does not support sampling without replacement; use the RDP "
+            "accountant (analysis.rdp_accountant.RdpAccountant, accountant='rdp').")
+    total = sum(a.count for a in self.atoms)
+    for atom in atoms:
+      total += atom.count
+      if total > MAX_STEPS:
+        raise ValueError(
+            f"steps must keep the accountant's total in [0, {MAX_STEPS}] ({_STEPS_WHY}); "
+            f"adding {atom.count} steps would make it {total}.")
 
   def _changed(self) -> None:
     self._composed = None

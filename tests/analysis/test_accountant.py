@@ -239,10 +239,6 @@ def test_pld_step_limit_is_checked_in_compose():
   assert acc.ledger == C((SC(P(0.01, G(1.0)), 6 * 10**9),))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: PLDAccountant._check_atom checks each atom of one "
-                   "compose against the ledger's total without the earlier atoms of the same "
-                   "compose, so one ComposedEvent of two 6e9-step phases is recorded (1.2e10 "
-                   "steps) although the documented limit is 1e10 steps in total")
 def test_pld_step_limit_counts_every_atom_of_one_compose():
   acc = pld_accountant.PLDAccountant()
   with pytest.raises(ValueError, match="steps must keep the accountant's total"):

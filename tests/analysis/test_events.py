@@ -86,10 +86,6 @@ def test_invalid_fields_name_the_field_and_its_range(make, message):
   assert str(info.value) == message
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: GaussianEvent(nan) says only 'noise_multiplier "
-                   "must not be NaN.', without the range [0, inf] the module doc promises "
-                   "('ValueError naming the field and its range'); sampling_probability=nan "
-                   "does name its range")
 def test_nan_noise_multiplier_names_the_range():
   with pytest.raises(ValueError, match=r"^noise_multiplier must be (>= 0|in \[0, inf\])"):
     G(math.nan)
