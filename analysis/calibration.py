@@ -38,7 +38,7 @@ from analysis._checks import (MAX_STEPS, _describe, check_choice, check_count, c
                               check_steps)
 
 __all__ = ["compute_noise_multiplier", "compute_noise_multiplier_for_training",
-           "steps_for_training", "ACCOUNTANTS"]
+           "noise_multiplier_for_event", "steps_for_training", "ACCOUNTANTS"]
 
 ACCOUNTANTS = _accountant.ACCOUNTANTS
 _MAX_NOISE = 1e4
@@ -132,6 +132,27 @@ def compute_noise_multiplier(target_epsilon: float, target_delta: float,
       accountant, orders)
   return _smallest_noise(eps_of, target_epsilon, tolerance,
                          f"at target_delta={target_delta!r} with q={q!r} over {steps} steps")
+
+
+def noise_multiplier_for_event(event_of, target_epsilon: float, target_delta: float, *,
+                               accountant: str = "rdp", tolerance: float = 1e-4) -> float:
+  """Smallest sigma whose event ``event_of(sigma)`` is (target_epsilon, target_delta)-DP.
+
+  The general form of the calibration (module docstring): ``event_of`` maps a noise
+  multiplier to an :mod:`analysis.events` event whose epsilon does not increase with it (e.g.
+  ``lambda s: analysis.dp_sgd.dp_sgd_event(s, steps, ...)``).  Returns sigma in
+  [1e-3, 1e4] with eps <= target by the named accountant, at most ``tolerance`` relative
+  above the smallest such sigma; 0.0 for an infinite target.
+
+  Raises:
+    ValueError: an argument out of range, or a target not met even at sigma = 1e4.
+  """
+  target_epsilon, target_delta, orders, tolerance = _check_search(
+      target_epsilon, target_delta, accountant, 0, None, tolerance)
+  if target_epsilon == math.inf:
+    return 0.0
+  return _smallest_noise(_epsilon_function(event_of, target_delta, accountant, orders),
+                         target_epsilon, tolerance, f"at target_delta={target_delta!r}")
 
 
 def _check_search(target_epsilon, target_delta, accountant, steps, orders, tolerance):

@@ -1,6 +1,13 @@
 """tf_dpkit: differentially private training (DP-SGD) for TensorFlow 2 / Keras 3.
 
-Swap a Keras optimizer for its DP version and pass a vector loss::
+One configuration builds the DP optimizer, the batches and the privacy budget::
+
+    private = tf_dpkit.make_private((x, y), batch_size=256, epochs=60, l2_norm_clip=1.0,
+                                    target_epsilon=3.0, delta=1e-5)
+    model.compile(optimizer=private.optimizer(keras.optimizers.SGD, learning_rate=0.15), ...)
+    model.fit(**private.fit_arguments())
+
+Or swap a Keras optimizer for its DP version and pass a vector loss::
 
     optimizer = tf_dpkit.DPAdamGaussianOptimizer(
         l2_norm_clip=1.0, noise_multiplier=1.1, learning_rate=1e-3)
@@ -14,6 +21,7 @@ from tf_dpkit import _analysis_guard  # noqa: F401  pylint: disable=unused-impor
 from tf_dpkit import v1
 from tf_dpkit.models import DPModel, DPSequential, make_dp_model_class
 from tf_dpkit.model_gradients import private_gradients
+from tf_dpkit.training import DPTraining, make_private
 from tf_dpkit.optimizers import (
     DPAdagradGaussianOptimizer,
     DPAdamGaussianOptimizer,
@@ -27,7 +35,7 @@ from tf_dpkit.optimizers import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "v1", "private_gradients", "DPModel", "DPSequential", "make_dp_model_class", "make_gaussian_optimizer_class",
+    "DPTraining", "make_private", "v1", "private_gradients", "DPModel", "DPSequential", "make_dp_model_class", "make_gaussian_optimizer_class",
     "is_dp_optimizer", "DPGradientDescentGaussianOptimizer", "DPAdamGaussianOptimizer",
     "DPAdamWGaussianOptimizer", "DPAdagradGaussianOptimizer", "DPRMSPropGaussianOptimizer",
 ]

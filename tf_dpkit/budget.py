@@ -16,6 +16,7 @@ whatever the order of the callbacks, and a fresh ``PrivacyBudget`` continues fro
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 
 import keras
@@ -251,6 +252,37 @@ class PrivacyBudget(keras.callbacks.Callback):
           "expected_batch_size=q*N: this one divides by the realised batch size, which is how "
           f"fixed-size batches are trained, not the Poisson-sampled mechanism. {fix}")
 
+  def _check_pipeline(self):
+    """Refuses numbers that disagree with a tf_dpkit pipeline given to ``fit``."""
+    pipeline = getattr(self.model, "_dp_fit_pipeline", None)
+    if pipeline is None:
+      return
+    where = (f"fit was given {pipeline.sampling} batches ("
+             f"{'poisson_batches' if pipeline.sampling == 'poisson' else 'shuffled_batches'} of "
+             f"{pipeline.num_examples} examples)")
+    if pipeline.sampling != self.sampling:
+      raise ValueError(f"{where}, but PrivacyBudget has sampling={self.sampling!r}: the "
+                       f"epsilon would be for another mechanism. Use "
+                       f"sampling={pipeline.sampling!r}.")
+    if self.sampling == "poisson":
+      if not math.isclose(pipeline.sampling_probability, self.sampling_probability,
+                          rel_tol=1e-12):
+        raise ValueError(f"{where} with sampling probability q = "
+                         f"{pipeline.sampling_probability!r}, but PrivacyBudget was given "
+                         f"sampling_probability={self.sampling_probability!r}.")
+      expected = self.model.optimizer.expected_batch_size
+      if expected is not None and not math.isclose(expected, pipeline.batch_size,
+                                                   rel_tol=1e-12):
+        raise ValueError(f"{where} with expected batch size qN = {pipeline.batch_size!r}, but "
+                         f"the optimizer normalises by expected_batch_size={expected!r}.")
+    else:
+      if self.steps_per_epoch != pipeline.steps_per_epoch:
+        raise ValueError(f"{where} with {pipeline.steps_per_epoch} batches per epoch, but "
+                         f"PrivacyBudget was given steps_per_epoch={self.steps_per_epoch!r}.")
+      if self.batch_size is not None and self.batch_size != pipeline.batch_size:
+        raise ValueError(f"{where} with batch size {pipeline.batch_size}, but PrivacyBudget "
+                         f"was given batch_size={self.batch_size!r}.")
+
   # -- the ledger ----------------------------------------------------------------------------
 
   def _ledger_variable(self):
@@ -317,6 +349,7 @@ class PrivacyBudget(keras.callbacks.Callback):
           "ledger existed). Train every step with a PrivacyBudget, or pass the earlier run's "
           "accountant (accountant=PrivacyAccountant.from_state_dict(saved)).")
     self._current_phase(0)  # validates batch_size against num_microbatches before training
+    self._check_pipeline()
     if self.sampling == "poisson":
       self._check_batches_can_be_poisson()
     self._write_ledger()

@@ -30,6 +30,7 @@ import functools
 import keras
 import tensorflow as tf
 
+from tf_dpkit.data.poisson import pipeline_of
 from tf_dpkit.clipping import _keras_internals
 from tf_dpkit.clipping.examples import (check_loss_is_per_example, mark_per_example,
                                         per_example_loss_function)
@@ -178,6 +179,8 @@ class _DPTrainStep:
     # PrivacyBudget never accounts such batches as Poisson samples.
     self._dp_keras_batches_arrays = x is not None and not isinstance(
         x, (tf.data.Dataset, keras.utils.PyDataset)) and not callable(getattr(x, "__next__", None))
+    # What a tf_dpkit pipeline says it is (PrivacyBudget checks it against its own numbers).
+    self._dp_fit_pipeline = pipeline_of(x)
     # Privacy callbacks (tf_dpkit.budget.PrivacyBudget) run first: the saved ledger is then
     # current when checkpointing callbacks save, and `epsilon` is in the logs every later
     # callback (CSVLogger, TensorBoard) sees, whatever order the user listed them in.

@@ -403,8 +403,10 @@ class PoissonSampling:
       indices, weights = self.batch_indices(step)
       return _gather(structure, indices, weights)
 
-    return tf.data.Dataset.range(self.steps).map(
+    dataset = tf.data.Dataset.range(self.steps).map(
         element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return _tagged(dataset, Pipeline("poisson", self.num_examples, self.expected_batch_size,
+                                     self.steps_per_epoch, self.sampling_probability))
 
 
 def secret_seed() -> int:
@@ -524,8 +526,38 @@ def shuffled_batches(data, batch_size: int, epochs: int, seed: int | None = None
   def element(indices):
     return _gather(structure, indices, tf.ones(tf.shape(indices), tf.float32))
 
-  return tf.data.Dataset.range(epochs).flat_map(epoch_batches).map(
+  dataset = tf.data.Dataset.range(epochs).flat_map(epoch_batches).map(
       element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  per_epoch = n // batch_size if drop_remainder else -(-n // batch_size)
+  return _tagged(dataset, Pipeline("shuffle", n, batch_size, per_epoch))
 
 
-__all__ = ["PoissonSampling", "poisson_batches", "secret_seed", "shuffled_batches"]
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+  """What a dataset made here is, for the privacy checks of ``tf_dpkit.budget``.
+
+  ``sampling`` is ``"poisson"`` or ``"shuffle"``; ``num_examples`` N; ``batch_size`` the
+  expected (Poisson: qN) or fixed batch size; ``steps_per_epoch``; ``sampling_probability`` q
+  for Poisson (None for shuffle).  Read it with :func:`pipeline_of`.
+  """
+  sampling: str
+  num_examples: int
+  batch_size: float
+  steps_per_epoch: int
+  sampling_probability: float | None = None
+
+
+def _tagged(dataset: tf.data.Dataset, pipeline: Pipeline) -> tf.data.Dataset:
+  dataset._tf_dpkit_pipeline = pipeline  # pylint: disable=protected-access
+  return dataset
+
+
+def pipeline_of(dataset) -> Pipeline | None:
+  """The :class:`Pipeline` of a dataset returned by :func:`poisson_batches` /
+  :func:`shuffled_batches` (None for any other object, including datasets derived from them
+  with ``take``, ``prefetch``, ...: the tag is not carried through transformations)."""
+  return getattr(dataset, "_tf_dpkit_pipeline", None)
+
+
+__all__ = ["Pipeline", "PoissonSampling", "pipeline_of", "poisson_batches", "secret_seed",
+           "shuffled_batches"]

@@ -1,0 +1,265 @@
+"""One DP-SGD training configuration: optimizer, batch pipeline and budget from the same numbers.
+
+    private = tf_dpkit.make_private((x_train, y_train), batch_size=256, epochs=60,
+                                    l2_norm_clip=1.0, target_epsilon=3.0, delta=1e-5)
+    model.compile(optimizer=private.optimizer(keras.optimizers.SGD, learning_rate=0.15),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(**private.fit_arguments())      # the pipeline, epochs, steps, PrivacyBudget
+    private.epsilon                           # what the whole run spends (planned)
+
+Contract: the optimizer (its noise multiplier, clipping norm, microbatches and normaliser), the
+batches and the :class:`tf_dpkit.budget.PrivacyBudget` are all built from one
+:class:`DPTraining`, and the epsilon it states (:attr:`DPTraining.epsilon`), the noise it
+calibrates and the epsilon the callback logs are all those of one event,
+:attr:`DPTraining.event` (``analysis.dp_sgd.dp_sgd_event``).  So the numbers cannot disagree:
+
+* ``sampling="poisson"`` (default): every example joins each batch independently with
+  probability ``q = batch_size / N`` (``tf_dpkit.data.poisson_batches``, secret seed), the
+  optimizer divides by the expected batch size ``qN``; ``steps_per_epoch = ceil(N / b)``.
+* ``sampling="shuffle"``: every epoch a fresh permutation cut into ``N // b`` batches of ``b``
+  (``tf_dpkit.data.shuffled_batches``, the remainder dropped); no amplification is claimed.
+  ``num_microbatches`` is allowed here only (Poisson batches have variable size).
+
+Any two of ``noise_multiplier``, ``epochs`` and ``target_epsilon`` determine the third:
+calibrated noise for a budget, the largest number of whole epochs within a budget, or the
+epsilon of given noise and epochs; with all three, the run must fit the budget.  The lower
+level pieces (DP optimizers, ``poisson_batches``, ``PrivacyBudget``) stay usable on their own.
+"""
+from __future__ import annotations
+
+import warnings
+
+import keras
+
+from analysis import _checks, calibration, dp_sgd
+from analysis import accountant as _accountant
+from tf_dpkit import budget as budget_lib
+from tf_dpkit.data import poisson as pipelines
+from tf_dpkit.optimizers import make_gaussian_optimizer_class
+
+__all__ = ["DPTraining", "make_private"]
+
+_SAMPLINGS = budget_lib.SAMPLINGS
+_MAX_EPOCHS = 10**6
+
+
+class DPTraining:
+  """A DP-SGD configuration; build it with :func:`make_private` (see the module docstring).
+
+  Attributes (read-only): ``dataset_size`` N, ``batch_size`` b (expected for Poisson),
+  ``sampling_probability`` q = b / N, ``epochs``, ``steps_per_epoch``, ``steps``,
+  ``l2_norm_clip`` C, ``noise_multiplier`` sigma, ``num_microbatches``, ``delta``,
+  ``target_epsilon`` (None: not enforced), ``sampling``, ``accountant``.
+  """
+
+  def __init__(self, structure, dataset_size, *, batch_size, epochs, l2_norm_clip,
+               noise_multiplier, delta, target_epsilon, sampling, num_microbatches,
+               accountant):
+    self._data = structure
+    self.dataset_size = dataset_size
+    self.batch_size = batch_size
+    self.epochs = epochs
+    self.l2_norm_clip = l2_norm_clip
+    self.noise_multiplier = noise_multiplier
+    self.delta = delta
+    self.target_epsilon = target_epsilon
+    self.sampling = sampling
+    self.num_microbatches = num_microbatches
+    self.accountant = accountant
+
+  def __repr__(self):
+    return (f"DPTraining(N={self.dataset_size}, batch_size={self.batch_size}, "
+            f"sampling={self.sampling!r}, epochs={self.epochs}, steps={self.steps}, "
+            f"l2_norm_clip={self.l2_norm_clip}, noise_multiplier={self.noise_multiplier:.6g}, "
+            f"epsilon={self.epsilon:.4g}, delta={self.delta:g})")
+
+  @property
+  def sampling_probability(self) -> float:
+    """q = batch_size / dataset_size."""
+    return self.batch_size / self.dataset_size
+
+  @property
+  def steps_per_epoch(self) -> int:
+    """Poisson: ceil(N / b); shuffle: N // b (the remainder of each permutation is dropped)."""
+    return _steps_per_epoch(self.sampling, self.dataset_size, self.batch_size)
+
+  @property
+  def steps(self) -> int:
+    """Training steps of the whole run: epochs * steps_per_epoch."""
+    return self.epochs * self.steps_per_epoch
+
+  @property
+  def microbatch_size(self) -> int:
+    return 1 if self.num_microbatches is None else self.batch_size // self.num_microbatches
+
+  @property
+  def event(self):
+    """The whole run as an ``analysis.events`` event (``analysis.dp_sgd.dp_sgd_event``)."""
+    return _event(self.sampling, self.dataset_size, self.batch_size, self.microbatch_size,
+                  self.noise_multiplier, self.steps)
+
+  @property
+  def epsilon(self) -> float:
+    """Epsilon (nats) of the whole run at :attr:`delta`, by :attr:`accountant`."""
+    return _accountant.make_accountant(self.accountant).compose(self.event).get_epsilon(
+        self.delta)
+
+  def optimizer(self, base=keras.optimizers.SGD, **kwargs):
+    """The DP version of the Keras optimizer class ``base`` with this run's settings.
+
+    ``kwargs`` go to ``base`` (e.g. ``learning_rate``); the DP settings (clip, noise,
+    microbatches, Poisson normaliser ``expected_batch_size = qN``) come from here and may not
+    be overridden.
+    """
+    if not (isinstance(base, type) and issubclass(base, keras.optimizers.Optimizer)):
+      raise TypeError("DPTraining.optimizer needs a Keras 3 optimizer class (e.g. "
+                      f"keras.optimizers.SGD), got {base!r}.")
+    clash = sorted(set(kwargs) & {"l2_norm_clip", "noise_multiplier", "num_microbatches",
+                                  "expected_batch_size"})
+    if clash:
+      raise ValueError(f"{clash} are set by the DPTraining configuration; change them there.")
+    expected = float(self.batch_size) if self.sampling == "poisson" else None
+    return make_gaussian_optimizer_class(base)(
+        self.l2_norm_clip, self.noise_multiplier, self.num_microbatches,
+        expected_batch_size=expected, **kwargs)
+
+  def dataset(self, seed: int | None = None):
+    """The batches: ``poisson_batches`` or ``shuffled_batches`` of the data, for all steps.
+
+    ``seed``: None (default: secret, from the OS) or an integer, for tests only (a known seed
+    voids amplification by sampling).
+    """
+    if self.sampling == "poisson":
+      return pipelines.poisson_batches(self._data, expected_batch_size=self.batch_size,
+                                       steps=self.steps, seed=seed)
+    return pipelines.shuffled_batches(self._data, self.batch_size, self.epochs, seed=seed,
+                                      drop_remainder=True)
+
+  def budget(self, *, verbose: bool = True) -> budget_lib.PrivacyBudget:
+    """The :class:`tf_dpkit.budget.PrivacyBudget` for this run (enforces ``target_epsilon``)."""
+    return budget_lib.PrivacyBudget(
+        self.sampling_probability, self.delta, self.target_epsilon, sampling=self.sampling,
+        steps_per_epoch=self.steps_per_epoch if self.sampling == "shuffle" else None,
+        batch_size=self.batch_size if self.num_microbatches else None,
+        accountant=self.accountant, verbose=verbose)
+
+  def fit_arguments(self, *, seed: int | None = None, callbacks=(), verbose: bool = True):
+    """``model.fit(**these)``: the batches, epochs, steps per epoch and callbacks (the
+    :meth:`budget` first, then ``callbacks``)."""
+    return {"x": self.dataset(seed), "epochs": self.epochs, "shuffle": False,
+            "steps_per_epoch": self.steps_per_epoch,
+            "callbacks": [self.budget(verbose=verbose), *callbacks]}
+
+
+def _steps_per_epoch(sampling, n, b):
+  return -(-n // b) if sampling == "poisson" else n // b
+
+
+def _event(sampling, n, b, microbatch_size, sigma, steps):
+  return dp_sgd.dp_sgd_event(
+      sigma, steps, sampling=sampling, dataset_size=n, batch_size=b,
+      steps_per_epoch=_steps_per_epoch(sampling, n, b) if sampling == "shuffle" else None,
+      microbatch_size=microbatch_size)
+
+
+def make_private(data, *, batch_size: int, l2_norm_clip: float, delta: float,
+                 epochs: int | None = None, noise_multiplier: float | None = None,
+                 target_epsilon: float | None = None, sampling: str = "poisson",
+                 num_microbatches: int | None = None, accountant: str = "rdp") -> DPTraining:
+  """Builds the :class:`DPTraining` of a run (see the module docstring).
+
+  Args:
+    data: the training data: a tuple ``(x, y)`` or dict of arrays, or a finite
+      ``tf.data.Dataset`` of single examples (read into memory once), as for
+      ``tf_dpkit.data.poisson_batches``.
+    batch_size: b, an integer in [1, N]: the expected batch size (Poisson) or the batch size.
+    l2_norm_clip: C > 0, finite.
+    delta: in (0, 1); a ``UserWarning`` when it is not below 1/N (a mechanism that publishes
+      one random example outright is (0, 1/N)-DP).
+    epochs: whole epochs, an integer in [1, 1e6].
+    noise_multiplier: sigma >= 0.
+    target_epsilon: > 0; enforced during training by the callback.
+      Give two of ``epochs``, ``noise_multiplier``, ``target_epsilon`` (or all three, when
+      they agree): the missing one is the smallest noise (to a 1e-4 relative tolerance) or
+      the most epochs that meet the budget.
+    sampling: ``"poisson"`` or ``"shuffle"``.
+    num_microbatches: microbatches per batch (``"shuffle"`` only), dividing ``batch_size``.
+    accountant: ``"rdp"`` or ``"pld"``.
+
+  Raises:
+    ValueError / TypeError: an argument out of range (named in the message), a missing one,
+      or a budget that the given numbers cannot meet.
+  """
+  _checks.check_choice("sampling", sampling, _SAMPLINGS)
+  _checks.check_choice("accountant", accountant, _accountant.ACCOUNTANTS)
+  structure, n = pipelines._as_structure(data)  # pylint: disable=protected-access
+  b = _checks.check_integer("batch_size", batch_size, minimum=1, maximum=n)
+  clip = _checks.check_finite_positive("l2_norm_clip", l2_norm_clip)
+  delta = _checks.check_delta("delta", delta)
+  if delta >= 1.0 / n:
+    warnings.warn(f"delta={delta:g} is not below 1/N = {1.0 / n:g}: a mechanism that publishes "
+                  "one random example outright meets it. Use a delta well below 1/N.",
+                  UserWarning, stacklevel=2)
+  if num_microbatches is not None:
+    if sampling != "shuffle":
+      raise ValueError("num_microbatches needs sampling='shuffle': Poisson batches have "
+                       "variable size, which cannot be cut into a fixed number of "
+                       "microbatches.")
+    num_microbatches = _checks.check_integer("num_microbatches", num_microbatches, minimum=1,
+                                             maximum=b)
+    if b % num_microbatches:
+      raise ValueError(f"num_microbatches must divide batch_size={b}, got {num_microbatches}.")
+  if sampling == "shuffle" and n // b < 1:
+    raise ValueError(f"batch_size={b} leaves no full batch of N={n} examples.")
+  given = [name for name, value in (("epochs", epochs), ("noise_multiplier", noise_multiplier),
+                                    ("target_epsilon", target_epsilon)) if value is not None]
+  if len(given) < 2:
+    raise ValueError("Give two of epochs, noise_multiplier and target_epsilon (the third is "
+                     f"derived), got only {given or 'none'}.")
+  if epochs is not None:
+    epochs = _checks.check_integer("epochs", epochs, minimum=1, maximum=_MAX_EPOCHS)
+  if noise_multiplier is not None:
+    noise_multiplier = _checks.check_nonnegative("noise_multiplier", noise_multiplier)
+  if target_epsilon is not None:
+    target_epsilon = _checks.check_positive("target_epsilon", target_epsilon)
+  microbatch_size = 1 if num_microbatches is None else b // num_microbatches
+  per_epoch = _steps_per_epoch(sampling, n, b)
+
+  def epsilon_of(sigma, whole_epochs):
+    event = _event(sampling, n, b, microbatch_size, sigma, whole_epochs * per_epoch)
+    return _accountant.make_accountant(accountant).compose(event).get_epsilon(delta)
+
+  if noise_multiplier is None:
+    noise_multiplier = calibration.noise_multiplier_for_event(
+        lambda sigma: _event(sampling, n, b, microbatch_size, sigma, epochs * per_epoch),
+        target_epsilon, delta, accountant=accountant)
+  elif epochs is None:
+    epochs = _most_epochs(lambda e: epsilon_of(noise_multiplier, e) <= target_epsilon)
+    if epochs == 0:
+      raise ValueError(f"noise_multiplier={noise_multiplier} does not allow even one epoch "
+                       f"within target_epsilon={target_epsilon} at delta={delta:g}; raise one "
+                       "of them.")
+  elif target_epsilon is not None:
+    spent = epsilon_of(noise_multiplier, epochs)
+    if spent > target_epsilon:
+      raise ValueError(f"noise_multiplier={noise_multiplier} for {epochs} epochs spends "
+                       f"epsilon={spent:.4g} > target_epsilon={target_epsilon} at "
+                       f"delta={delta:g}; leave one of the three out to derive it.")
+  return DPTraining(structure, n, batch_size=b, epochs=epochs, l2_norm_clip=clip,
+                    noise_multiplier=noise_multiplier, delta=delta,
+                    target_epsilon=target_epsilon, sampling=sampling,
+                    num_microbatches=num_microbatches, accountant=accountant)
+
+
+def _most_epochs(fits) -> int:
+  """The largest integer e in [0, 1e6] with fits(e) (fits is monotone: true, then false)."""
+  if not fits(1):
+    return 0
+  low, high = 1, 2
+  while high <= _MAX_EPOCHS and fits(high):
+    low, high = high, high * 2
+  high = min(high, _MAX_EPOCHS + 1)
+  while high - low > 1:
+    middle = (low + high) // 2
+    low, high = (middle, high) if fits(middle) else (low, middle)
+  return low
