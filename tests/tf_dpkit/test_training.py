@@ -195,3 +195,21 @@ def test_budget_accepts_the_pipeline_it_describes():
                       callbacks=[PrivacyBudget(0.1, verbose=False)])
   assert math.isclose(history.history["epsilon"][-1], _poisson_reference(0.1, 1.0, 4),
                       rel_tol=1e-6)
+
+
+def test_the_issue_example_fit_on_arrays():
+  # Issue 12's example: fit(x, y, batch_size=20) on 200 examples, noise 1.1, 2 epochs.  As
+  # Poisson it used to log 3.50; it is refused, and accounted as what ran (shuffled fixed
+  # batches) it is the exact Gaussian epsilon 5.87.
+  x, y = _data()
+  model = tf_dpkit.DPSequential([keras.Input((4,)), keras.layers.Dense(2)])
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.1, learning_rate=0.1),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  with pytest.raises(ValueError, match="given in-memory arrays"):
+    model.fit(x, y, batch_size=20, epochs=2, verbose=0,
+              callbacks=[PrivacyBudget(20 / 200, delta=1e-5, verbose=False)])
+  history = model.fit(x, y, batch_size=20, epochs=2, verbose=0, callbacks=[PrivacyBudget(
+      20 / 200, delta=1e-5, sampling="shuffle", steps_per_epoch=10, verbose=False)])
+  assert history.history["epsilon"][-1] == pytest.approx(
+      exact_gaussian_epsilon(1.1, 2, 1e-5), rel=1e-9)
+  assert round(history.history["epsilon"][-1], 2) == 5.87
