@@ -192,3 +192,16 @@ def test_poisson_from_tf_data_and_dicts_matches_dp_accounting():
   history = model.fit(batches, epochs=1, steps_per_epoch=7, verbose=0,
                       callbacks=[PrivacyBudget(Q, verbose=False)])
   assert math.isclose(history.history["epsilon"][-1], _reference(7), rel_tol=1e-6)
+
+
+def test_the_recorded_run_exports_to_dp_accounting():
+  from analysis import events  # pylint: disable=g-import-not-at-top
+  budget = PrivacyBudget(Q, verbose=False)
+  history = _model().fit(_batches(9, 4), epochs=1, steps_per_epoch=9, verbose=0,
+                         callbacks=[budget])
+  exported = events.to_dp_accounting(budget.accountant.ledger)
+  accountant = dp_rdp().RdpAccountant(ORDERS)
+  accountant.compose(exported)
+  assert math.isclose(history.history["epsilon"][-1], accountant.get_epsilon(1e-5),
+                      rel_tol=1e-6)
+  assert math.isclose(_reference(9), accountant.get_epsilon(1e-5), rel_tol=1e-12)
