@@ -203,7 +203,7 @@ class _DPTrainStep:
     self._check_no_activity_regularizers()
     clipped, y_pred = clipped_sum_for_model(
         self, self._dp_per_example_loss, x, y, sample_weight, optimizer.l2_norm_clip,
-        optimizer.num_microbatches, self.per_example_method)
+        optimizer.replica_num_microbatches(), self.per_example_method)
     self._check_no_added_losses()
     mean_loss = tf.reduce_mean(clipped.losses)
     with tf.GradientTape() as tape:
@@ -216,7 +216,16 @@ class _DPTrainStep:
     optimizer.apply(grads, variables)
     batch = tf.shape(tf.nest.flatten(x)[0])[0]
     self._loss_tracker.update_state(mean_loss, sample_weight=batch)
-    return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    logs = self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    if _keras_internals.multi_worker(self):
+      logs = _keras_internals.logs_for_multi_worker(logs)
+    return logs
+
+  def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+    # Keras 3.15 cannot reduce the first batch under several workers: build from a local one.
+    if not _keras_internals.multi_worker(self):
+      return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+    return _keras_internals.symbolic_build_from_local_batch(self, iterator, data_batch)
 
 
 @functools.lru_cache(maxsize=None)

@@ -111,7 +111,7 @@ def as_secret(key) -> SecretInt:
   return key if isinstance(key, SecretInt) else SecretInt(key)
 
 
-def add_gaussian_noise(tensors, stddev, key, step, draw=0):
+def add_gaussian_noise(tensors, stddev, key, step, draw=0, replica=None):
   """Returns ``[t + N(0, stddev^2 I) for t in tensors]`` with noise keyed by ``(key, step, draw)``.
 
   Args:
@@ -123,11 +123,16 @@ def add_gaussian_noise(tensors, stddev, key, step, draw=0):
     step: integer scalar (Python int or tensor), e.g. the optimizer's ``iterations``.
     draw: integer scalar (Python int or tensor) telling apart several draws at one ``step``;
       equal ``(key, step, draw)`` give equal noise, any difference gives independent noise.
+    replica: None, or the replica's id in its sync group (integer scalar) under a
+      ``tf.distribute`` strategy with several replicas: folded into the seed, so replicas draw
+      independent noise from one key.  None leaves the seed as without a strategy.
   """
   if isinstance(stddev, (int, float)) and stddev == 0:
     return list(tensors)
   base_seed = tf.random.experimental.stateless_fold_in(
       tf.stack([as_secret(key).tensor(), tf.cast(step, tf.int64)]), tf.cast(draw, tf.int64))
+  if replica is not None:
+    base_seed = tf.random.experimental.stateless_fold_in(base_seed, tf.cast(replica, tf.int64))
   noised = []
   for index, tensor in enumerate(tensors):
     if tensor is None:

@@ -131,3 +131,42 @@ def build_from_batch(model, data) -> None:
   if unbuilt_layers(model):
     x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
     model(x, training=False)
+
+
+# ------------------------------------------------------------------------------------------
+# Keras 3.15's fit under MultiWorkerMirroredStrategy (several workers).  Two of its steps fail
+# there, for any model: the symbolic build reduces the first distributed batch with
+# `strategy.reduce("MEAN", batch, axis=None)`, which the collective strategy cannot do eagerly
+# ("Attempt to convert a value (PerReplica...)"), and the train function reduces scalar logs
+# with `strategy.reduce("MEAN", value, axis=0)` ("Invalid reduction dimension 0 for input with
+# 0 dimensions").  DP models work around both (tf_dpkit.models).
+
+
+def multi_worker(model) -> bool:
+  """True when ``model`` trains under a multi-worker collective strategy."""
+  from keras.src.backend.tensorflow import trainer as tf_trainer  # pylint: disable=g-import-not-at-top
+  strategy = getattr(model, "_distribute_strategy", None)
+  return strategy is not None and tf_trainer._collective_all_reduce_multi_worker(strategy)  # pylint: disable=protected-access
+
+
+def symbolic_build_from_local_batch(model, iterator=None, data_batch=None) -> None:
+  """Keras's symbolic build from this worker's first local replica batch (no reduction)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  strategy = model.distribute_strategy
+  if iterator is not None:
+    for _, _, it in iterator:
+      batch = next(it)
+      data_batch = tf.nest.map_structure(
+          lambda v: (strategy.experimental_local_results(v)[0]
+                     if isinstance(v, tf.distribute.DistributedValues) else v), batch)
+      break
+  with strategy.scope():
+    model._symbolic_build(data_batch=data_batch)  # pylint: disable=protected-access
+
+
+def logs_for_multi_worker(logs):
+  """Scalar logs as shape [1], which Keras's multi-worker reduction (axis 0) accepts."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.nest.map_structure(
+      lambda v: tf.reshape(v, [1]) if isinstance(v, tf.Tensor) and v.shape.rank == 0 else v,
+      logs)

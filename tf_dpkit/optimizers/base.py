@@ -18,6 +18,7 @@ import numbers
 
 import tensorflow as tf
 
+from tf_dpkit import distribute
 from tf_dpkit.clipping.clipped_sum import ClippedSum
 from tf_dpkit.clipping.per_example import assert_nonempty
 from tf_dpkit.optimizers.certificate import PrivateGradientCertificate
@@ -50,30 +51,11 @@ def check_learning_rate(base, args, kwargs):
                      f"{value!r}.")
 
 
-def check_single_replica(owner: str) -> None:
-  """Raises ``NotImplementedError`` under a ``tf.distribute`` strategy with several replicas.
-
-  Each replica would clip and noise its local batch and the cross-replica sum would add the
-  copies: not the DP-SGD step over the global batch that is accounted.  Until DP-SGD across
-  replicas is supported, refusing is the only answer that cannot mis-state the guarantee.
-  """
-  if not tf.distribute.has_strategy():
-    return
-  strategy = tf.distribute.get_strategy()
-  unsupported = (tf.distribute.experimental.ParameterServerStrategy,
-                 tf.distribute.experimental.CentralStorageStrategy)
-  if strategy.num_replicas_in_sync > 1 or isinstance(strategy, unsupported):
-    raise NotImplementedError(
-        f"{owner} runs under {type(strategy).__name__} with {strategy.num_replicas_in_sync} "
-        "replicas: DP-SGD across replicas is not supported yet (each replica would noise its own "
-        "batch and the updates would be summed, which is not the accounted mechanism). Train "
-        "on one device (no strategy, or tf.distribute.OneDeviceStrategy).")
-
-
 class DPOptimizerBase:
   """Mixin placed before the wrapped optimizer class; see the module docstring."""
 
   _dp_base_class = None  # set on each generated class
+  _supports_replicas = True  # DP-SGD over the global batch under tf.distribute (see there)
 
   @classmethod
   def _validated_settings(cls, args, kwargs, l2_norm_clip, noise_multiplier, num_microbatches,
@@ -92,6 +74,11 @@ class DPOptimizerBase:
   num_microbatches = property(lambda self: self._dp.num_microbatches)
   expected_batch_size = property(lambda self: self._dp.expected_batch_size)
   dp_settings = property(lambda self: self._dp)
+
+  def replica_num_microbatches(self):
+    """The microbatches this replica cuts its local batch into (``tf_dpkit.distribute``):
+    ``num_microbatches / R`` under R replicas, ``num_microbatches`` otherwise."""
+    return distribute.local_num_microbatches(self._dp.num_microbatches)
 
   def _noise_step(self):
     """The optimizer step folded into the noise seed (0 when the optimizer has none)."""
@@ -116,7 +103,8 @@ class DPOptimizerBase:
       data_independent_grads: optional list aligned with ``clipped.grads`` (None entries
         allowed).
     """
-    check_single_replica(type(self).__name__)
+    distribute.check_supported_strategy(type(self).__name__,
+                                        replicas_supported=self._supports_replicas)
     if not isinstance(clipped, ClippedSum):
       raise TypeError(
           f"{type(self).__name__}.privatize takes the ClippedSum made by tf_dpkit's clipping "

@@ -2,9 +2,12 @@
 that turns a clipped sum into the private average gradient."""
 from __future__ import annotations
 
+import math
+
 import tensorflow as tf
 
 from analysis import _checks
+from tf_dpkit import distribute
 from tf_dpkit import noise as noise_lib
 
 
@@ -48,7 +51,11 @@ class DPSettings:
     with tf.init_scope():
       graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
       if self._noise_draws is None or self._noise_draws_graph is not graph:
-        self._noise_draws = tf.Variable(0, dtype=tf.int64, trainable=False, name="dp_noise_step")
+        # ONLY_FIRST_REPLICA: under a strategy every replica counts the same draw (their noise
+        # differs by the replica id folded into the seed).
+        self._noise_draws = tf.Variable(
+            0, dtype=tf.int64, trainable=False, name="dp_noise_step",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         self._noise_draws_graph = graph
     return self._noise_draws
 
@@ -79,6 +86,9 @@ class DPSettings:
   def private_average(self, clipped_grads, realised_microbatches, step):
     """Returns ``(sum_j clip(g_j) + N(0, (sigma C)^2 I)) / normalizer`` per variable.
 
+    Under a strategy with R replicas: this replica's share, ``(S_r + N(0, (sigma C)^2 / R I)) /
+    normalizer`` with the global normaliser; the shares sum to the above (tf_dpkit.distribute).
+
     The noise is keyed by ``(noise_key, step, next_noise_draw())``: ``step`` (the optimizer's
     iteration count, or 0) makes runs resumed from a checkpoint with a fixed ``seed`` continue
     the noise sequence instead of repeating it; the draw counter makes repeated calls at one
@@ -89,8 +99,14 @@ class DPSettings:
     noise); every caller in tf_dpkit passes zeros for variables the loss does not reach, so
     those variables do receive noise, as the DP-SGD analysis assumes.
     """
-    noised = noise_lib.add_gaussian_noise(clipped_grads, self.noise_stddev, self.noise_key, step,
-                                          self.next_noise_draw())
+    # Under R replicas each adds an independent share of variance sigma^2 C^2 / R and divides
+    # by the global normaliser; the optimizer's all-reduce sums them (tf_dpkit.distribute).
+    replicas = distribute.num_replicas()
+    stddev = self.noise_stddev if replicas == 1 else self.noise_stddev / math.sqrt(replicas)
+    noised = noise_lib.add_gaussian_noise(clipped_grads, stddev, self.noise_key, step,
+                                          self.next_noise_draw(), distribute.replica_id())
+    if self.expected_batch_size is None:
+      realised_microbatches = distribute.global_sum(realised_microbatches)
     out = []
     for g in noised:
       if g is None:

@@ -84,7 +84,7 @@ def make_keras_dp_class(base):
             f"{type(self).__name__}.compute_gradients needs `tape=` (the GradientTape that "
             "recorded the vector loss), or pass the loss as a zero-argument callable.")
       clipped = clipped_sum_from_vector_loss(
-          loss, var_list, self._dp.l2_norm_clip, self._dp.num_microbatches, tape=tape,
+          loss, var_list, self._dp.l2_norm_clip, self.replica_num_microbatches(), tape=tape,
           loss_scale=self._loss_scale())
       return list(zip(self.privatize(clipped), var_list))
 

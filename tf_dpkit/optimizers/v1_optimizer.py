@@ -29,6 +29,7 @@ def make_v1_dp_class(base):
     """
 
     _dp_base_class = base
+    _supports_replicas = False  # tf.compat.v1 graphs: one replica
 
     def __init__(self, l2_norm_clip, noise_multiplier, num_microbatches=None, *args,
                  seed=None, expected_batch_size=None, **kwargs):

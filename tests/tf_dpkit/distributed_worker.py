@@ -1,0 +1,131 @@
+"""One process of a tf.distribute DP-SGD experiment, run by tests/tf_dpkit/test_distribute.py.
+
+Usage: python distributed_worker.py '<json>' with keys
+  strategy: "default" | "one_device" | "mirrored" | "multiworker" | "central_storage"
+  replicas: logical CPU devices (mirrored, central_storage)
+  ports, index: the multi-worker cluster on localhost and this worker's index
+  mode: "fit" | "loop" | "private_gradients" | "shares"
+  sigma, seed, batch (global), steps, loss ("zero" | "mse"), num_microbatches
+Prints one line "RESULT <json>": the parameter updates of every step (or, for "shares", each
+replica's private gradient of every step), or "ERROR <type>: <message>".
+"""
+import json
+import os
+import sys
+
+ARGS = json.loads(sys.argv[1])
+if ARGS["strategy"] == "multiworker":
+  os.environ["TF_CONFIG"] = json.dumps({
+      "cluster": {"worker": [f"localhost:{p}" for p in ARGS["ports"]]},
+      "task": {"type": "worker", "index": ARGS["index"]}})
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+if ARGS["strategy"] in ("mirrored", "central_storage"):
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  tf.config.set_logical_device_configuration(
+      cpu, [tf.config.LogicalDeviceConfiguration()] * ARGS["replicas"])
+
+
+def _strategy():
+  kind = ARGS["strategy"]
+  if kind == "mirrored":
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(ARGS["replicas"])])
+  if kind == "multiworker":
+    return tf.distribute.MultiWorkerMirroredStrategy()
+  if kind == "one_device":
+    return tf.distribute.OneDeviceStrategy("/cpu:0")
+  if kind == "central_storage":
+    return tf.distribute.experimental.CentralStorageStrategy(
+        [f"/cpu:{i}" for i in range(ARGS["replicas"])])
+  return tf.distribute.get_strategy()
+
+
+STRATEGY = _strategy()
+
+import keras  # noqa: E402  pylint: disable=g-import-not-at-top
+
+import tf_dpkit  # noqa: E402  pylint: disable=g-import-not-at-top
+
+B, STEPS = ARGS["batch"], ARGS["steps"]
+
+
+def loss_fn(y_true, y_pred):
+  if ARGS["loss"] == "zero":  # identically zero: the update is the noise alone
+    return tf.reduce_sum(0.0 * y_pred, axis=-1)
+  return tf.reduce_mean(tf.square(y_true - y_pred), axis=-1)
+
+
+def _dataset(x, y):
+  dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(B)
+  if ARGS["strategy"] == "multiworker":
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    dataset = dataset.with_options(options)
+  return dataset
+
+
+def main():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(B * STEPS, 3)).astype(np.float32)
+  y = rng.normal(size=(B * STEPS, 2)).astype(np.float32)
+  with STRATEGY.scope():
+    model = tf_dpkit.DPSequential([keras.Input((3,)), keras.layers.Dense(
+        2, kernel_initializer=keras.initializers.Constant(0.1))])
+    optimizer = tf_dpkit.DPGradientDescentGaussianOptimizer(
+        1.0, ARGS["sigma"], ARGS.get("num_microbatches"), learning_rate=1.0, seed=ARGS["seed"])
+    model.compile(optimizer, loss=loss_fn)
+
+  def params():
+    return np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
+
+  trace = [params()]
+  mode = ARGS["mode"]
+  if mode == "fit":
+    class Record(keras.callbacks.Callback):
+      def on_train_batch_end(self, batch, logs=None):
+        trace.append(params())
+    if ARGS["strategy"] == "multiworker":  # Keras shards a dataset by worker, not arrays
+      model.fit(_dataset(x, y), epochs=1, verbose=0, callbacks=[Record()])
+    else:
+      model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0, callbacks=[Record()])
+    return np.diff(np.array(trace), axis=0).tolist()
+  dataset = _dataset(x, y)
+  batches = STRATEGY.experimental_distribute_dataset(dataset)
+
+  def replica_step(xb, yb):
+    if mode == "private_gradients":
+      grads = tf_dpkit.private_gradients(optimizer, model, loss_fn, xb, yb)
+      optimizer.apply(grads, model.trainable_variables)
+      return tf.constant(0.0)
+    with tf.GradientTape() as tape:
+      vector_loss = loss_fn(yb, model(xb, training=True))
+    if mode == "shares":
+      grads = [g for g, _ in optimizer.compute_gradients(vector_loss, model.trainable_variables,
+                                                         tape=tape)]
+      return tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
+    optimizer.minimize(vector_loss, model.trainable_variables, tape=tape)
+    return tf.constant(0.0)
+
+  @tf.function
+  def step(batch):
+    return STRATEGY.run(replica_step, args=batch)
+
+  shares = []
+  for batch in batches:
+    out = step(batch)
+    if mode == "shares":
+      shares.append([t.numpy().tolist() for t in STRATEGY.experimental_local_results(out)])
+    else:
+      trace.append(params())
+  if mode == "shares":
+    return shares
+  return np.diff(np.array(trace), axis=0).tolist()
+
+
+if __name__ == "__main__":
+  try:
+    print("RESULT " + json.dumps(main()), flush=True)
+  except Exception as error:  # pylint: disable=broad-except
+    print(f"ERROR {type(error).__name__}: {' '.join(str(error).split())}", flush=True)

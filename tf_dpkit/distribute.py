@@ -1,0 +1,97 @@
+"""DP-SGD under ``tf.distribute``: one step over the global batch, whatever the replicas.
+
+Supported: the default strategy, ``OneDeviceStrategy``, ``MirroredStrategy`` (several devices
+of one host) and ``MultiWorkerMirroredStrategy`` (several hosts).  Every other strategy
+(``ParameterServerStrategy``, ``CentralStorageStrategy``, ``TPUStrategy``, ...) is refused when
+the first private gradient is computed, with an error naming it.
+
+Semantics, identical in distribution to single-device DP-SGD over the global batch:
+
+* each replica clips every example (microbatch) of its local batch once and sums: ``S_r``;
+* each replica adds independent noise ``N(0, sigma^2 C^2 / R I)`` (the replicas' noise seeds
+  differ by their replica id folded into the key) and divides by the *global* normaliser
+  ``n``: the expected global batch size ``qN`` (``expected_batch_size``), else the number of
+  microbatches of the global batch (summed across replicas);
+* the optimizer's update then sums the replicas' gradients (Keras all-reduces with SUM), giving
+  ``(sum_r S_r + sum_r Z_r) / n`` with ``sum_r Z_r ~ N(0, sigma^2 C^2 I)``: exactly one Gaussian
+  release of the global clipped sum per step, and every replica applies that same update.
+
+Why independent per-replica shares instead of one draw: a single draw would have to be made on
+one replica and broadcast (an extra collective per step, or equal keys on every replica, which
+would make replica r's share ``Z`` known to all); the shares need no communication beyond the
+gradient all-reduce Keras does anyway, and their sum has exactly the accounted distribution.
+The per-replica partial sums are never released, only their total.
+
+``num_microbatches`` counts the microbatches of the *global* batch: each of the R replicas
+splits its local batch into ``num_microbatches / R`` microbatches, so it must be a multiple of
+R and ``num_microbatches / R`` must divide every local batch.  The privacy accountant counts
+global steps (the optimizer's ``iterations``), once.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+_SUPPORTED = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy,
+              tf.distribute.OneDeviceStrategy)
+
+
+def check_supported_strategy(owner: str, *, replicas_supported: bool = True) -> None:
+  """Raises ``NotImplementedError`` under a strategy DP-SGD does not support (module doc).
+
+  ``replicas_supported=False`` (the ``tf.compat.v1`` optimizers) also refuses several replicas.
+  """
+  if not tf.distribute.has_strategy():
+    return
+  strategy = tf.distribute.get_strategy()
+  supported = isinstance(strategy, _SUPPORTED) and not isinstance(
+      strategy, tf.distribute.experimental.CentralStorageStrategy)
+  if not supported:
+    raise NotImplementedError(
+        f"{owner} runs under {type(strategy).__name__}, which DP-SGD does not support: its "
+        "updates are not one Gaussian release of the global clipped sum per step. Supported: "
+        "no strategy, OneDeviceStrategy, MirroredStrategy and MultiWorkerMirroredStrategy.")
+  if not replicas_supported and strategy.num_replicas_in_sync > 1:
+    raise NotImplementedError(
+        f"{owner} runs under {type(strategy).__name__} with {strategy.num_replicas_in_sync} "
+        "replicas; the tf.compat.v1 optimizers train on one replica. Use the Keras DP "
+        "optimizers (tf_dpkit.DP...GaussianOptimizer) for several replicas.")
+
+
+def num_replicas() -> int:
+  """Replicas in sync in the current replica context (1 without a strategy)."""
+  context = tf.distribute.get_replica_context()
+  return 1 if context is None else int(context.num_replicas_in_sync)
+
+
+def replica_id():
+  """The current replica's id in its sync group (a scalar tensor), or None for one replica."""
+  context = tf.distribute.get_replica_context()
+  if context is None or context.num_replicas_in_sync == 1:
+    return None
+  return context.replica_id_in_sync_group
+
+
+def global_sum(value):
+  """Sum of ``value`` (a scalar tensor) over the replicas; ``value`` itself for one replica."""
+  context = tf.distribute.get_replica_context()
+  if context is None or context.num_replicas_in_sync == 1:
+    return value
+  return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
+def local_num_microbatches(num_microbatches):
+  """This replica's share of the global ``num_microbatches`` (None stays None).
+
+  Raises:
+    ValueError: ``num_microbatches`` is not a multiple of the number of replicas.
+  """
+  replicas = num_replicas()
+  if num_microbatches is None or replicas == 1:
+    return num_microbatches
+  if num_microbatches % replicas:
+    raise ValueError(
+        f"num_microbatches={num_microbatches} counts the microbatches of the global batch and "
+        f"must be a multiple of the {replicas} replicas (each replica splits its local batch "
+        f"into num_microbatches / {replicas}); use e.g. "
+        f"{replicas * max(1, num_microbatches // replicas)}.")
+  return num_microbatches // replicas
