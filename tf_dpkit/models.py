@@ -181,6 +181,14 @@ class _DPTrainStep:
         x, (tf.data.Dataset, keras.utils.PyDataset)) and not callable(getattr(x, "__next__", None))
     # What a tf_dpkit pipeline says it is (PrivacyBudget checks it against its own numbers).
     self._dp_fit_pipeline = pipeline_of(x)
+    replicas = self.distribute_strategy.num_replicas_in_sync
+    if (self._dp_fit_pipeline is not None and self._dp_fit_pipeline.sampling == "poisson"
+        and replicas > 1):
+      raise NotImplementedError(
+          f"Poisson batches (poisson_batches) under {type(self.distribute_strategy).__name__} "
+          f"with {replicas} replicas are not supported yet: tf.distribute cannot split batches "
+          "of varying size across replicas. Train on one replica, or use fixed-size batches "
+          "(shuffled_batches, accounted without amplification) under the strategy.")
     # Privacy callbacks (tf_dpkit.budget.PrivacyBudget) run first: the saved ledger is then
     # current when checkpointing callbacks save, and `epsilon` is in the logs every later
     # callback (CSVLogger, TensorBoard) sees, whatever order the user listed them in.

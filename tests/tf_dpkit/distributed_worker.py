@@ -4,7 +4,7 @@ Usage: python distributed_worker.py '<json>' with keys
   strategy: "default" | "one_device" | "mirrored" | "multiworker" | "central_storage"
   replicas: logical CPU devices (mirrored, central_storage)
   ports, index: the multi-worker cluster on localhost and this worker's index
-  mode: "fit" | "loop" | "private_gradients" | "shares"
+  mode: "fit" | "loop" | "private_gradients" | "shares" | "poisson_fit"
   sigma, seed, batch (global), steps, loss ("zero" | "mse"), num_microbatches
 Prints one line "RESULT <json>": the parameter updates of every step (or, for "shares", each
 replica's private gradient of every step), or "ERROR <type>: <message>".
@@ -82,6 +82,11 @@ def main():
 
   trace = [params()]
   mode = ARGS["mode"]
+  if mode == "poisson_fit":
+    from tf_dpkit.data import poisson_batches  # pylint: disable=g-import-not-at-top
+    model.fit(poisson_batches((x, y), expected_batch_size=B, steps=STEPS, seed=1), epochs=1,
+              steps_per_epoch=STEPS, verbose=0)
+    return []
   if mode == "fit":
     class Record(keras.callbacks.Callback):
       def on_train_batch_end(self, batch, logs=None):
