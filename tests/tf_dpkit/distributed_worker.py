@@ -4,7 +4,7 @@ Usage: python distributed_worker.py '<json>' with keys
   strategy: "default" | "one_device" | "mirrored" | "multiworker" | "central_storage"
   replicas: logical CPU devices (mirrored, central_storage)
   ports, index: the multi-worker cluster on localhost and this worker's index
-  mode: "fit" | "loop" | "private_gradients" | "shares" | "poisson_fit"
+  mode: "fit" | "loop" | "private_gradients" | "shares" | "poisson_fit" | "budget_fit"
   sigma, seed, batch (global), steps, loss ("zero" | "mse"), num_microbatches
 Prints one line "RESULT <json>": the parameter updates of every step (or, for "shares", each
 replica's private gradient of every step), or "ERROR <type>: <message>".
@@ -82,6 +82,15 @@ def main():
 
   trace = [params()]
   mode = ARGS["mode"]
+  if mode == "budget_fit":  # 2 epochs of shuffled fixed batches with a PrivacyBudget
+    from tf_dpkit.budget import PrivacyBudget  # pylint: disable=g-import-not-at-top
+    budget = PrivacyBudget(B / len(x), sampling="shuffle", steps_per_epoch=STEPS // 2,
+                           verbose=False)
+    history = model.fit(_dataset(x, y), epochs=2, steps_per_epoch=STEPS // 2, verbose=0,
+                        callbacks=[budget])
+    return {"epsilon": history.history["epsilon"],
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "ledger_steps": budget.accountant.steps}
   if mode == "poisson_fit":
     from tf_dpkit.data import poisson_batches  # pylint: disable=g-import-not-at-top
     model.fit(poisson_batches((x, y), expected_batch_size=B, steps=STEPS, seed=1), epochs=1,

@@ -174,3 +174,18 @@ def test_poisson_batches_under_several_replicas_are_refused_clearly():
   assert isinstance(error, str) and error.startswith(
       "NotImplementedError: Poisson batches (poisson_batches) under MirroredStrategy with 2 "
       "replicas are not supported yet")
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "multiworker"])
+def test_privacy_budget_counts_global_steps_once(strategy):
+  from dp_references import exact_gaussian_epsilon  # pylint: disable=g-import-not-at-top
+  args = dict(mode="budget_fit", steps=10, loss="mse")
+  if strategy == "mirrored":
+    results = [_run(strategy="mirrored", replicas=2, **args)]
+  else:
+    results = _run_workers(2, **args)
+  for result in results:  # every worker logs the same epsilon, of the global steps
+    assert not isinstance(result, str), result
+    assert result["iterations"] == result["ledger_steps"] == 10
+    assert result["epsilon"] == pytest.approx(
+        [exact_gaussian_epsilon(SIGMA, e, 1e-5) for e in (1, 2)], rel=1e-9)
