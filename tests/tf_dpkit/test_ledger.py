@@ -205,3 +205,17 @@ def test_the_recorded_run_exports_to_dp_accounting():
   assert math.isclose(history.history["epsilon"][-1], accountant.get_epsilon(1e-5),
                       rel_tol=1e-6)
   assert math.isclose(_reference(9), accountant.get_epsilon(1e-5), rel_tol=1e-12)
+
+
+def test_epsilon_reaches_tensorboard_listed_before_the_budget(tmp_path):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  board = keras.callbacks.TensorBoard(str(tmp_path))
+  _model().fit(_batches(8, 1), epochs=2, steps_per_epoch=4, verbose=0,
+               callbacks=[board, PrivacyBudget(Q, verbose=False)])
+  logged = []
+  for path in (tmp_path / "train").iterdir():
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      for value in event.summary.value:
+        if value.tag == "epoch_epsilon":
+          logged.append(float(tf.make_ndarray(value.tensor)))
+  assert logged == pytest.approx([_reference(4), _reference(8)], rel=1e-6)
