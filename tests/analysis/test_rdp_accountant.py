@@ -1,11 +1,13 @@
 """Tests of analysis.rdp_accountant against independent references.
 
-References: closed forms (the unsampled Gaussian, alpha / (2 sigma^2)); mpmath quadrature of
-the defining integral A_alpha at fractional orders; dp_accounting's RDP accountant (a
-test-only dependency) at integer orders and for the RDP -> (eps, delta) conversion; an mpmath
-transcription of Wang-Balle-Kasiviswanathan Theorem 9 for sampling without replacement; and
-the exact privacy curve of the Gaussian mechanism (Balle & Wang 2018), which any RDP bound
-must not undercut.
+References: closed forms (the unsampled Gaussian, alpha / (2 sigma^2)); mpmath evaluations of
+A_alpha (the binomial sum at integer orders, quadrature of the defining integral at fractional
+ones); dp_accounting's RDP accountant (a test-only dependency) at integer orders, for sampling
+without replacement and for the RDP -> (eps, delta) conversion; an mpmath transcription of
+Wang-Balle-Kasiviswanathan Theorems 9 and 27 for sampling without replacement, the exact
+Renyi divergence of neighbouring datasets under it (mpmath quadrature of Gaussian mixtures)
+and TF Privacy's published expectations; and the exact privacy curve of the Gaussian mechanism
+(Balle & Wang 2018), which any RDP bound must not undercut.
 """
 from __future__ import annotations
 
@@ -32,31 +34,86 @@ INT_ORDERS = [2, 3, 4, 5, 8, 11, 16, 32, 64, 128, 256]
 
 
 def _quad_rdp(q, sigma, alpha, dps=40):
-  """log(A_alpha) / (alpha - 1) by mpmath quadrature of E_{z~N(0,s^2)}[((1-q) + q e^{..})^a]."""
-  with mpmath.workdps(dps):
+  """log(A_alpha) / (alpha - 1) by mpmath quadrature of E_{z~N(0,s^2)}[((1-q) + q e^{..})^a].
+
+  Integrates A_alpha - 1 = E[(1 + q u)^a - 1 - a q u] with u = e^{(2z-1)/(2s^2)} - 1 (the same
+  integral, as E[u] = 0), whose integrand is >= 0, so tiny values keep full relative precision.
+  """
+  with mpmath.workdps(dps + 20):
     q, s, a = mpmath.mpf(q), mpmath.mpf(sigma), mpmath.mpf(alpha)
     z0 = s * s * mpmath.log(1 / q - 1) + mpmath.mpf(1) / 2
 
     def integrand(z):
-      ratio = (1 - q) + q * mpmath.exp((2 * z - 1) / (2 * s * s))
-      return ratio ** a * mpmath.npdf(z, 0, s)
+      x = q * mpmath.expm1((2 * z - 1) / (2 * s * s))
+      return ((1 + x) ** a - 1 - a * x) * mpmath.npdf(z, 0, s)
 
-    points = sorted({-mpmath.inf, -12 * s, z0 - s, z0, z0 + s, 12 * s + a + abs(z0), mpmath.inf})
+    points = sorted({-mpmath.inf, -12 * s, -s, mpmath.mpf(0), s, z0 - s, z0, z0 + s,
+                     12 * s + a + abs(z0), mpmath.inf})
     value = mpmath.quad(integrand, points)
-    return float(mpmath.log(value) / (a - 1))
+    return float(mpmath.log1p(value) / (a - 1))
 
 
-def _wbk_theorem9(q, sigma, alpha, dps=50):
-  """(1/(alpha-1)) log(1 + sum_j ...) of WBK19 Thm 9 for the Gaussian, in mpmath."""
+def _binomial_rdp(q, sigma, alpha, dps=60):
+  """log(A_alpha) / (alpha - 1) at integer alpha by the exact binomial sum, in mpmath."""
   with mpmath.workdps(dps):
     q, s = mpmath.mpf(q), mpmath.mpf(sigma)
-    eps = lambda j: mpmath.mpf(j) / (2 * s * s)
+    total = mpmath.fsum(mpmath.binomial(alpha, k) * (1 - q) ** (alpha - k) * q ** k
+                        * mpmath.expm1(mpmath.mpf(k * k - k) / (2 * s * s))
+                        for k in range(2, alpha + 1))
+    return float(mpmath.log1p(total) / (alpha - 1))
+
+
+def _wbk_bound(q, sigma, alpha, forward_differences=True):
+  """(1/(alpha-1)) log(1 + sum_j ...) of WBK19 Thm 9, with the Thm 27 terms, in mpmath.
+
+  Integer alpha >= 2.  Thm 9: the j-th term is q^j C(alpha, j) 2 e^{(j-1) eps(j)} (j >= 3;
+  j = 2: q^2 C(alpha, 2) min(4 (e^{eps(2)} - 1), 2 e^{eps(2)})), eps(j) = j / (2 sigma^2).
+  Thm 27 (forward_differences, alpha <= 256 as in dp_accounting): the minimum of that and
+  4 q^j C(alpha, j) Xi_j, Xi_j = D_j for even j and sqrt(D_{j-1} D_{j+1}) for odd j, where
+  D_n = sum_l C(n, l) (-1)^(n-l) e^{(l-1) eps(l)} is the n-th forward difference, summed
+  exactly (enough digits for its cancellation).  Capped by the unsampled alpha / (2 sigma^2).
+  """
+  digits = 60 + int((alpha + 2) * (1 + math.log10(max(sigma, 1.0))))
+  with mpmath.workdps(digits):
+    q, s = mpmath.mpf(q), mpmath.mpf(sigma)
+    eps = lambda j: mpmath.mpf(j) / (2 * s * s)  # noqa: E731
+    moment = [mpmath.exp((l - 1) * eps(l)) for l in range(alpha + 2)]
+
+    def forward_difference(n):
+      return mpmath.fsum((-1) ** (n - l) * mpmath.binomial(n, l) * moment[l]
+                         for l in range(n + 1))
+
     total = 1 + q ** 2 * mpmath.binomial(alpha, 2) * min(4 * mpmath.expm1(eps(2)),
                                                          2 * mpmath.exp(eps(2)))
     for j in range(3, alpha + 1):
-      total += q ** j * mpmath.binomial(alpha, j) * 2 * mpmath.exp((j - 1) * eps(j))
+      term = 2 * moment[j]
+      if forward_differences and alpha <= 256:
+        xi = (forward_difference(j) if j % 2 == 0 else
+              mpmath.sqrt(forward_difference(j - 1) * forward_difference(j + 1)))
+        term = min(term, 4 * xi)
+      total += q ** j * mpmath.binomial(alpha, j) * term
     bound = mpmath.log(total) / (alpha - 1)
     return float(min(bound, alpha / (2 * s * s)))
+
+
+def _mixture_rdp(q, sigma, alpha, shift_a, shift_b, dps=40):
+  """D_alpha(P || Q) for P = (1-q) N(0, s^2) + q N(shift_a, s^2), Q likewise with shift_b.
+
+  mpmath quadrature.  With |shift_a - shift_b| <= 1 these are the output distributions of a
+  sum query of replace-one sensitivity 1 plus N(0, s^2) noise, on a batch sampled without
+  replacement (fraction q) from two neighbouring datasets whose other elements contribute 0.
+  """
+  with mpmath.workdps(dps):
+    q, s, a = mpmath.mpf(q), mpmath.mpf(sigma), mpmath.mpf(alpha)
+
+    def density(shift):
+      return lambda z: (1 - q) * mpmath.npdf(z, 0, s) + q * mpmath.npdf(z, shift, s)
+
+    p, r = density(shift_a), density(shift_b)
+    lo, hi = min(0, shift_a, shift_b), max(0, shift_a, shift_b)
+    points = [-mpmath.inf, lo - 8 * s, lo, hi, hi + 8 * s + a, mpmath.inf]
+    value = mpmath.quad(lambda z: p(z) ** a * r(z) ** (1 - a), points)
+    return float(mpmath.log(value) / (a - 1))
 
 
 def _gaussian_exact_delta(sigma_total, eps):
@@ -127,18 +184,51 @@ def test_integer_orders_match_dp_accounting_accountant():
 def test_fractional_orders_match_quadrature_from_above(q, sigma, alpha):
   ours = ra.compute_rdp(q, sigma, 1, alpha)
   ref = _quad_rdp(q, sigma, alpha)
-  assert ours == pytest.approx(ref, rel=1e-6)
+  assert ours == pytest.approx(ref, rel=1e-9)
   assert ours >= ref * (1 - 1e-12)  # sound: never below the true value
 
 
 @pytest.mark.parametrize("q,sigma,alpha", [(256 / 60000, 1.1, 1.0001), (0.5, 100.0, 1.25),
-                                           (0.01, 1e3, 2.5)])
-def test_fractional_orders_where_round_off_dominates_stay_above(q, sigma, alpha):
-  # log A_alpha ~ 1e-9 or below: the added round-off allowance (~1e-14 absolute) costs
-  # relative accuracy, but the value must stay an upper bound.
+                                           (0.01, 1e3, 2.5), (1e-4, 1e3, 1.25),
+                                           (0.5, 1e6, 1.5), (0.999, 1e4, 1.1)])
+def test_fractional_orders_with_tiny_log_a(q, sigma, alpha):
+  # log A_alpha ~ 1e-9 and far below: A_alpha - 1 is summed directly (not A_alpha, whose
+  # round-off is ~1e-16 absolute), so the relative accuracy holds here too (it was ~1e-5 at
+  # the first case and 60% at the fourth when A_alpha itself was summed).
   ours = ra.compute_rdp(q, sigma, 1, alpha)
   ref = _quad_rdp(q, sigma, alpha, dps=50)
-  assert ref * (1 - 1e-12) <= ours <= ref * (1 + 1e-3)
+  assert ref * (1 - 1e-12) <= ours <= ref * (1 + 1e-9)
+
+
+# Issue 12: within 1e-9 relative (or 1e-15 absolute) of mpmath at every default order, and
+# never below it.  Cases: each computation path (A - 1 from series 0 for q < 0.48, from
+# series 1 for q > 0.52; near q = 1/2 the expansion in L - 1 for large noise, else the plain
+# sum) at small and large noise.
+_PRECISION_CASES = [(1e-6, 0.3), (1e-4, 1e3), (1e-4, 0.7), (0.01, 1.0), (0.1, 20.0),
+                    (0.5, 1e3), (0.5, 5.0), (0.5, 0.7), (0.99, 5.0), (0.99, 1e3)]
+
+
+def _check_default_orders_precision(q, sigma, orders):
+  ours = ra.compute_rdp(q, sigma, 1, orders)
+  for alpha, value in zip(orders, ours):
+    ref = (_binomial_rdp(q, sigma, int(alpha)) if float(alpha).is_integer()
+           else _quad_rdp(q, sigma, alpha, dps=30))
+    tol = max(1e-9 * ref, 1e-15)
+    assert ref - 1e-12 * ref <= value <= ref + tol, (q, sigma, alpha, value, ref)
+
+
+@pytest.mark.parametrize("q,sigma", _PRECISION_CASES)
+def test_default_orders_precision(q, sigma):
+  orders = [1.25, 1.75, 2.0, 3.5, 10.5, 11.0, 256.0]
+  assert set(orders) <= set(ra.DEFAULT_ORDERS)
+  _check_default_orders_precision(q, sigma, orders)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("q", [1e-6, 1e-4, 1e-2, 0.1, 0.5, 0.99])
+def test_default_orders_precision_grid(q):
+  for sigma in (0.3, 0.7, 1.0, 2.0, 5.0, 20.0, 1e3):
+    _check_default_orders_precision(q, sigma, list(ra.DEFAULT_ORDERS))
 
 
 def test_fractional_orders_at_most_dp_accountings_looser_bound():
@@ -165,23 +255,148 @@ def test_extreme_arguments_give_no_nan_or_overflow():
 
 
 @pytest.mark.parametrize("q,sigma", [(0.01, 1.0), (0.01, 0.7), (0.004, 1.1), (0.3, 0.5),
-                                     (0.1, 2.0), (0.05, 5.0)])
+                                     (0.1, 2.0), (0.05, 5.0), (0.01, 20.0), (0.5, 3.0)])
 def test_without_replacement_integer_orders(q, sigma):
+  # The WBK19 bound (Theorem 9 with the Theorem 27 terms), transcribed in mpmath with exact
+  # forward differences; never above Theorem 9 alone, and equal to it where Theorem 27 never
+  # wins (small sigma).
   orders = [2, 3, 4, 8, 16, 32]
   ours = ra.compute_rdp_sample_without_replacement(q, sigma, 10, orders)
-  theorem9 = np.array([10 * _wbk_theorem9(q, sigma, a) for a in orders])
-  np.testing.assert_allclose(ours, theorem9, rtol=1e-9)
-  # dp_accounting also applies the forward-difference bound (WBK19 Thm 27), so it can be
-  # smaller, never larger; where Thm 9 binds (small sigma) the two agree.
+  bound = np.array([10 * _wbk_bound(q, sigma, a) for a in orders])
+  np.testing.assert_allclose(ours, bound, rtol=1e-9)
+  theorem9 = np.array([10 * _wbk_bound(q, sigma, a, forward_differences=False)
+                       for a in orders])
+  assert np.all(ours <= theorem9 * (1 + 1e-12))
+  if sigma <= 0.7:
+    np.testing.assert_allclose(ours, theorem9, rtol=1e-9)
+
+
+def _dp_wor_rdp(q, sigma, orders, steps=1):
+  """dp_accounting's RDP for sampling without replacement (replace-one), q = b / n."""
   dp_accounting, dp_rdp = _dp_accounting(), _dp_rdp()
   accountant = dp_rdp.RdpAccountant(
-      orders=orders, neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+      orders=list(orders), neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+  n = 10**6
+  batch = int(round(q * n))
+  assert batch == q * n
   accountant.compose(dp_accounting.SampledWithoutReplacementDpEvent(
-      10**6, int(round(q * 10**6)), dp_accounting.GaussianDpEvent(sigma)), 10)
-  ref = np.asarray(accountant._rdp)  # pylint: disable=protected-access
-  assert np.all(ours >= ref * (1 - 1e-9))
-  if sigma <= 1.1:
-    np.testing.assert_allclose(ours, ref, rtol=1e-9)
+      n, batch, dp_accounting.GaussianDpEvent(sigma)), steps)
+  return np.asarray(accountant._rdp)  # pylint: disable=protected-access
+
+
+def test_without_replacement_issue_12_cases():
+  # Issue 12: Theorem 9 alone gave 0.154 and 18.80 here; dp_accounting and TF Privacy, with
+  # the Theorem 27 refinement, give 0.0985 and 17.63.
+  ours = ra.compute_rdp_sample_without_replacement(0.01, 2.5, 50, 50)
+  assert ours == pytest.approx(_dp_wor_rdp(0.01, 2.5, [50], 50)[0], rel=1e-9)
+  assert ours == pytest.approx(50 * _wbk_bound(0.01, 2.5, 50), rel=1e-9)
+  assert ours == pytest.approx(0.098474, abs=1e-6)
+  assert 50 * _wbk_bound(0.01, 2.5, 50, forward_differences=False) == pytest.approx(0.154,
+                                                                                   abs=1e-3)
+  # n = 10,000, batch 1,000, noise 2, 1,000 steps, order 3.
+  ours = ra.compute_rdp_sample_without_replacement(1000 / 10000, 2.0, 1000, 3)
+  assert ours == pytest.approx(_dp_wor_rdp(0.1, 2.0, [3], 1000)[0], rel=1e-9)
+  assert ours == pytest.approx(1000 * _wbk_bound(0.1, 2.0, 3), rel=1e-9)
+  assert ours == pytest.approx(17.63, abs=5e-3)
+  assert 1000 * _wbk_bound(0.1, 2.0, 3, forward_differences=False) == pytest.approx(18.80,
+                                                                                    abs=5e-3)
+
+
+def _check_never_looser_than_dp_accounting(q, sigmas):
+  # Every default order (fractional ones interpolated, as dp_accounting does).  Where we are
+  # above dp_accounting by more than 1e-9 relative, dp_accounting is below the exact value of
+  # its own formula (its forward differences are taken in float log space, e.g. 3.5e-9 low at
+  # q = 0.5, sigma = 20, order 30): there we must match the mpmath transcription instead.
+  orders = list(ra.DEFAULT_ORDERS)
+  for sigma in sigmas:
+    ours = ra.compute_rdp_sample_without_replacement(q, sigma, 1, orders)
+    ref = _dp_wor_rdp(q, sigma, orders)
+    for i in np.flatnonzero(ours > ref * (1 + 1e-9)):
+      alpha = orders[i]
+      assert float(alpha).is_integer(), (q, sigma, alpha, ours[i], ref[i])
+      exact = _wbk_bound(q, sigma, int(alpha))
+      assert ref[i] < exact and ours[i] == pytest.approx(exact, rel=1e-9), (q, sigma, alpha)
+
+
+@pytest.mark.parametrize("q", [0.01, 0.1, 0.5])
+def test_without_replacement_never_looser_than_dp_accounting(q):
+  _check_never_looser_than_dp_accounting(q, (0.7, 2.5, 20.0, 1e3))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("q", [1e-4, 1e-3, 0.004, 0.01, 0.05, 0.1, 0.3, 0.5, 0.9])
+def test_without_replacement_never_looser_than_dp_accounting_grid(q):
+  _check_never_looser_than_dp_accounting(
+      q, (0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 2.5, 3.0, 5.0, 8.0, 10.0, 20.0, 50.0, 100.0, 1e3))
+
+
+def test_without_replacement_tf_privacy_expectations():
+  orders = [1.001, 1.5, 2.5, 5, 50, 100, 256, 512, 1024, np.inf]
+  ours = ra.compute_rdp_sample_without_replacement(0.01, 2.5, 50, orders)
+  # TF Privacy, tensorflow_privacy/privacy/analysis/rdp_accountant_test.py,
+  # test_compute_rdp_sequence_without_replacement (later revision, e.g. as mirrored in
+  # github.com/sarvex/privacy @62a74e7): assertAllClose(..., rtol=1e-4).
+  later = [3.4701e-3, 3.4701e-3, 4.6386e-3, 8.7634e-3, 9.8474e-2, 1.6776e2, 7.9297e2,
+           1.8174e3, 3.8656e3, np.inf]
+  np.testing.assert_allclose(ours, later, rtol=1e-4)
+  # The earlier revision (github.com/tensorflow/privacy @09270af): assertSequenceAlmostEqual
+  # (..., delta=1e-5).  Its order-256 value, 792.838516, was replaced by 7.9297e2 in the later
+  # revision: the formula gives 792.97443 (the mpmath transcription _wbk_bound; TF Privacy's
+  # own code of that revision and dp_accounting give it too), so that entry is checked against
+  # dp_accounting and that value instead.
+  earlier = [0.003470, 0.003470, 0.004638, 0.0087633, 0.098474, 167.766388, 792.838516,
+             1817.35871, 3865.55029, np.inf]
+  for alpha, value, expected in zip(orders, ours, earlier):
+    if alpha == 256:
+      assert value == pytest.approx(_dp_wor_rdp(0.01, 2.5, [256], 50)[0], rel=1e-9)
+      assert value == pytest.approx(792.97443, abs=1e-5)  # 50 * _wbk_bound(0.01, 2.5, 256)
+    else:
+      assert value == pytest.approx(expected, abs=1e-5), alpha
+
+
+@pytest.mark.parametrize("q,sigma", [(0.01, 1.0), (0.1, 0.7), (0.25, 2.0), (0.5, 1.0),
+                                     (0.9, 3.0), (0.05, 10.0)])
+def test_without_replacement_never_below_a_neighbouring_pair(q, sigma):
+  # Soundness: the RDP bound must be at least the Renyi divergence of any pair of
+  # neighbouring datasets.  With sensitivity 1 under replace-one the worst pair is one element
+  # contributing 1 against 0, the others 0 (Balle, Barthe & Gaboardi 2018's coupling bound for
+  # sampling without replacement under substitution is attained there; the brute force below
+  # finds no worse pair): the mixture (1-q) N(0, s^2) + q N(1, s^2) against N(0, s^2), whose
+  # RDP is the Poisson-subsampled Gaussian's; the reverse direction and the symmetric pair
+  # (+-1/2) are smaller, and checked too.
+  for alpha in (2, 3.5, 8):
+    ours = ra.compute_rdp_sample_without_replacement(q, sigma, 1, alpha)
+    for shifts in ((1.0, 0.0), (0.0, 1.0), (0.5, -0.5)):
+      exact = _mixture_rdp(q, sigma, alpha, *shifts, dps=25)
+      assert ours >= exact * (1 - 1e-12), (alpha, shifts, ours, exact)
+
+
+@pytest.mark.slow
+def test_without_replacement_never_below_brute_force_small_populations():
+  # Every dataset of n elements with contributions in {0, 1/2, 1} (one differing element: 1
+  # against 0, or 1/2 against -1/2) and batch size b: the exact Renyi divergence between the
+  # two mixtures over the C(n, b) batches, by mpmath quadrature, never exceeds our bound; the
+  # largest is the pair of the test above (others 0, 1 against 0).
+  import itertools  # pylint: disable=g-import-not-at-top
+  for n, b, sigma in [(4, 2, 1.0), (5, 1, 0.8), (4, 1, 2.0)]:
+    batches = list(itertools.combinations(range(n), b))
+    for alpha in (2, 3, 5):
+      ours = ra.compute_rdp_sample_without_replacement(b / n, sigma, 1, alpha)
+      worst = 0.0
+      for others in itertools.product([0.0, 0.5, 1.0], repeat=n - 1):
+        for x, x_prime in ((1.0, 0.0), (0.0, 1.0), (0.5, -0.5)):
+          with mpmath.workdps(30):
+            s = mpmath.mpf(sigma)
+            data = [list(others) + [x], list(others) + [x_prime]]
+            means = [[sum(d[i] for i in batch) for batch in batches] for d in data]
+            p, r = ((lambda z, m=m: mpmath.fsum(mpmath.npdf(z, mu, s) for mu in m) / len(m))
+                    for m in means)
+            lo, hi = min(min(m) for m in means), max(max(m) for m in means)
+            value = mpmath.quad(lambda z: p(z) ** alpha * r(z) ** (1 - alpha),
+                                [-mpmath.inf, lo - 8 * s, lo, hi, hi + 8 * s, mpmath.inf])
+            worst = max(worst, float(mpmath.log(value) / (alpha - 1)))
+      assert ours >= worst * (1 - 1e-12), (n, b, sigma, alpha, ours, worst)
+      assert worst == pytest.approx(_mixture_rdp(b / n, sigma, alpha, 1.0, 0.0), rel=1e-9)
 
 
 def test_without_replacement_fractional_orders_interpolate():
@@ -492,11 +707,14 @@ def _grid_answer(q, sigma, steps, **target):
 
 
 def _check_search_against_brute_force(q, sigma, steps, delta):
-  # Epsilon at delta: within 1e-6 relative (+1e-9) of the brute-force minimum, never below it
-  # by more than that (it is a value of the same function), and never above the grid's.
+  # Epsilon at delta: at most 1e-6 relative (+1e-9) above the brute-force minimum and never
+  # above the grid's; it is the value of the same function at the returned order.  It may be
+  # below the scan's minimum: where the optimum sits in a narrow valley (at the order where
+  # A_alpha starts to grow fast) the scan's last 81-point grid misses it by up to ~4e-6
+  # relative (e.g. q = 1e-4, sigma = 20, 8824 steps, delta = 1e-12), so 1e-5 is allowed.
   eps, _, order = ra.get_privacy_spent_optimal_order(q, sigma, steps, target_delta=delta)
   brute = _brute_force_optimum(q, sigma, steps, target_delta=delta)
-  assert abs(eps - brute) <= 1e-6 * brute + 1e-9, (eps, brute)
+  assert brute * (1 - 1e-5) - 1e-9 <= eps <= brute * (1 + 1e-6) + 1e-9, (eps, brute)
   assert eps <= _grid_answer(q, sigma, steps, target_delta=delta)[0]
   if order is not None and eps > 0:
     r = ra.compute_rdp(q, sigma, steps, order)
@@ -541,24 +759,19 @@ def test_continuous_search_beats_the_grid_where_the_grid_is_coarse(q, sigma, ste
 
 
 # The true RDP is non-decreasing in the order.  compute_rdp returns upper bounds whose excess
-# over the truth is at most 1e-9 relative plus, at fractional orders, a float64 round-off
-# allowance that is ABSOLUTE on log A_alpha (the series terms are of size ~1 and cancel down
-# to A_alpha - 1), at most ~1e-13 (measured <= 1.6e-14, below), i.e. 1e-13 / (alpha - 1) on
-# the RDP.  Where the true RDP is itself ~1e-12 (tiny q / sigma) that allowance decreases with
-# alpha faster than the truth grows, so the returned values can decrease slightly between
-# nearby fractional orders (e.g. q = 1e-5, sigma = 10: 1.005e-12 at alpha = 1.03 and 9.03e-13
-# at 1.04, both above the true 5.18e-13 and 5.23e-13).  That is not a soundness problem; what
-# must hold is monotonicity up to the excess: v(a) <= true(a) + excess(a) <= true(b) +
-# excess(a) <= v(b) + excess(a) for a < b.  A stricter test (excess 0) would be false there.
-_ABS_LOG_A_ALLOWANCE = 1e-13
+# over the truth is at most 1e-9 relative, also where the RDP is tiny (A_alpha - 1 is summed
+# directly at fractional orders; an earlier version summed A_alpha, whose round-off allowance
+# was absolute on log A_alpha, ~1e-14, and the returned values could then decrease between
+# nearby fractional orders where the true RDP is ~1e-12).  So the values must be monotone up
+# to that excess: v(a) <= true(a) (1 + 1e-9) <= true(b) (1 + 1e-9) <= v(b) (1 + 1e-9).
 
 
 @pytest.mark.parametrize("q,sigma", [(1e-5, 10.0), (1e-4, 100.0), (1e-3, 1000.0)])
-def test_fractional_excess_is_within_the_documented_allowance(q, sigma):
+def test_fractional_excess_is_within_1e_9(q, sigma):
   for alpha in (1.01, 1.03, 1.04, 1.5, 2.5):
     ours = ra.compute_rdp(q, sigma, 1, alpha)
     truth = _quad_rdp(q, sigma, alpha, dps=50)
-    assert truth <= ours <= truth * (1 + 1e-9) + _ABS_LOG_A_ALLOWANCE / (alpha - 1)
+    assert truth <= ours <= truth * (1 + 1e-9)
 
 
 @SETTINGS
@@ -567,8 +780,15 @@ def test_fractional_excess_is_within_the_documented_allowance(q, sigma):
 def test_rdp_non_decreasing_in_order(q, sigma, orders):
   orders = np.array(sorted(orders))
   values = ra.compute_rdp(q, sigma, 1, orders)
-  excess = 1e-9 * values[:-1] + _ABS_LOG_A_ALLOWANCE / (orders[:-1] - 1)
-  assert np.all(values[1:] >= values[:-1] - excess)
+  assert np.all(values[1:] >= values[:-1] * (1 - 1e-9))
+
+
+@pytest.mark.parametrize("q,sigma", [(1e-5, 10.0), (1e-4, 100.0), (1e-3, 1000.0)])
+def test_rdp_non_decreasing_in_order_where_values_are_tiny(q, sigma):
+  # True RDP ~1e-12 .. 1e-7 (where the earlier version could decrease): monotone to 1e-9.
+  orders = np.linspace(1.01, 1.2, 40)
+  values = ra.compute_rdp(q, sigma, 1, orders)
+  assert np.all(np.diff(values) >= -1e-9 * values[1:])
 
 
 @pytest.mark.parametrize("q,sigma", [(0.01, 1.1), (0.2, 0.7), (1e-3, 0.5), (0.5, 20.0)])
