@@ -591,8 +591,19 @@ def test_shuffled_argument_errors(args, match):
 
 
 def test_public_names():
-  assert set(poisson.__all__) == {"PoissonSampling", "poisson_batches", "secret_seed",
-                                  "shuffled_batches"}
+  assert set(poisson.__all__) == {"Pipeline", "PoissonSampling", "pipeline_of",
+                                  "poisson_batches", "secret_seed", "shuffled_batches"}
   seeds = {poisson.secret_seed() for _ in range(64)}
   assert len(seeds) == 64 and all(0 <= s < 2**63 for s in seeds)
   assert max(seeds) >= 2**62  # uses the high bits (fails with probability 2**-64)
+
+
+def test_pipelines_say_what_they_are_and_derived_datasets_do_not():
+  x = np.zeros((10, 2), np.float32)
+  batches = poisson.poisson_batches(x, expected_batch_size=3, steps=4, seed=1)
+  assert poisson.pipeline_of(batches) == poisson.Pipeline("poisson", 10, 3.0, 4, 0.3)
+  assert poisson.pipeline_of(poisson.shuffled_batches(x, 3, 2, seed=1)) == poisson.Pipeline(
+      "shuffle", 10, 3, 3)
+  assert poisson.pipeline_of(poisson.shuffled_batches(x, 3, 2, seed=1, drop_remainder=False)) \
+      == poisson.Pipeline("shuffle", 10, 3, 4)
+  assert poisson.pipeline_of(batches.take(2)) is None and poisson.pipeline_of(x) is None
