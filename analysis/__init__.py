@@ -3,8 +3,9 @@
 Modules:
   events                  Immutable descriptions of private mechanisms (Gaussian, Poisson-sampled,
                           sampled without replacement, shuffled, composed), the accountants' input.
-  accountant              The accountant interface (compose / get_epsilon / get_delta) and
-                          make_accountant("rdp" | "pld"); pure Gaussian compositions are exact.
+  accountant              The accountant interface (compose / get_epsilon / get_delta); pure
+                          Gaussian compositions are exact.
+  accountants             make_accountant("rdp" | "pld"): the accountants by public name.
   dp_sgd                  The one rule from a DP-SGD configuration to its event.
   rdp_accountant          Renyi-DP of the (sub)sampled Gaussian mechanism and conversion to (eps, delta).
   pld_accountant          Privacy-loss-distribution (FFT) accounting; tighter than RDP unless

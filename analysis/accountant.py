@@ -1,6 +1,6 @@
 """One accountant interface: compose events, ask for epsilon or delta.
 
-    accountant = analysis.accountant.make_accountant("rdp")
+    accountant = analysis.accountants.make_accountant("rdp")
     accountant.compose(events.PoissonSampledEvent(q, events.GaussianEvent(sigma)), steps)
     accountant.get_epsilon(1e-5)
 
@@ -26,8 +26,9 @@ one Gaussian mechanism with noise ``(sum_i k_i / sigma_i^2)^(-1/2)``
 analytic Gaussian mechanism, Balle & Wang 2018) instead of its own bound.  This rule lives here
 and nowhere else.
 
-:func:`make_accountant` is the one place where the public accountant names (``"rdp"``,
-``"pld"``) become objects.  No TensorFlow import.
+The implementations import this module, never the reverse; their public names (``"rdp"``,
+``"pld"``) become objects in one place, :func:`analysis.accountants.make_accountant`.  No
+TensorFlow import.
 """
 from __future__ import annotations
 
@@ -36,11 +37,7 @@ import math
 
 from analysis import _checks, events, gaussian
 
-__all__ = ["ACCOUNTANTS", "Accountant", "group_privacy_epsilon", "make_accountant"]
-
-#: Public accountant names accepted by :func:`make_accountant` (and the CLI, calibration and
-#: ``tf_dpkit.budget``).
-ACCOUNTANTS = ("rdp", "pld")
+__all__ = ["Accountant", "group_privacy_epsilon"]
 
 
 class Accountant(abc.ABC):
@@ -136,25 +133,6 @@ def _merge(atoms):
     else:
       merged.append(atom)
   return merged
-
-
-def make_accountant(name: str = "rdp") -> Accountant:
-  """A fresh accountant by public name.
-
-  ``"rdp"``: :class:`analysis.rdp_accountant.RdpAccountant` over
-  ``rdp_accountant.DEFAULT_ORDERS``.  ``"pld"``:
-  :class:`analysis.pld_accountant.PLDAccountant` with ``rdp_cap=True`` (the smaller of the PLD
-  and the RDP bound; see ``analysis.pld_accountant``).
-
-  Raises:
-    ValueError: ``name`` not one of :data:`ACCOUNTANTS`.
-  """
-  _checks.check_choice("accountant", name, ACCOUNTANTS)
-  if name == "pld":
-    from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
-    return pld_accountant.PLDAccountant(rdp_cap=True)
-  from analysis import rdp_accountant  # pylint: disable=g-import-not-at-top
-  return rdp_accountant.RdpAccountant()
 
 
 def group_privacy_epsilon(accountant: Accountant, group_size: int, delta: float) -> float:

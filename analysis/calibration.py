@@ -31,7 +31,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from analysis import accountant as _accountant
+from analysis import accountants as _accountants
 from analysis import dp_sgd, rdp_accountant
 from analysis._checks import (MAX_STEPS, _describe, check_choice, check_count, check_delta,
                               check_orders, check_positive, check_probability, check_real,
@@ -40,7 +40,7 @@ from analysis._checks import (MAX_STEPS, _describe, check_choice, check_count, c
 __all__ = ["compute_noise_multiplier", "compute_noise_multiplier_for_training",
            "noise_multiplier_for_event", "steps_for_training", "ACCOUNTANTS"]
 
-ACCOUNTANTS = _accountant.ACCOUNTANTS
+ACCOUNTANTS = _accountants.ACCOUNTANTS
 _MAX_NOISE = 1e4
 _MIN_NOISE = 1e-3
 _MAX_ITERATIONS = 200
@@ -51,7 +51,7 @@ def _epsilon_function(event_of, delta: float, accountant: str, orders):
   """sigma -> epsilon (nats, upper bound) of ``event_of(sigma)`` with the named accountant."""
   if accountant != "rdp":
     def eps_other(sigma: float) -> float:
-      return _accountant.make_accountant(accountant).compose(event_of(sigma)).get_epsilon(delta)
+      return _accountants.make_accountant(accountant).compose(event_of(sigma)).get_epsilon(delta)
 
     return eps_other
 

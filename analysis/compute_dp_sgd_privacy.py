@@ -18,13 +18,14 @@ import math
 import sys
 
 from analysis import accountant as _accountant
+from analysis import accountants as _accountants
 from analysis import calibration, dp_sgd, rdp_accountant
 from analysis._checks import (check_choice, check_count, check_delta, check_integer,
                               check_nonnegative, check_orders, check_real)
 
 __all__ = ["DpSgdPrivacy", "compute_dp_sgd_privacy", "run"]
 
-ACCOUNTANTS = _accountant.ACCOUNTANTS
+ACCOUNTANTS = _accountants.ACCOUNTANTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,15 +241,15 @@ def compute_dp_sgd_privacy(n: int, batch_size: int, noise_multiplier: float, epo
     poisson = rdp_accountant.RdpAccountant(orders).compose(run_event)
     eps, order, boundary = poisson.epsilon_and_order(delta)
   else:
-    poisson = _accountant.make_accountant("pld").compose(run_event)
+    poisson = _accountants.make_accountant("pld").compose(run_event)
     eps = poisson.get_epsilon(delta)
     order = poisson.last_rdp_order if poisson.last_from_rdp else None
     boundary = False  # the RDP order is optimised over the reals, not taken from a grid
-  eps0 = _accountant.make_accountant(accountant).compose(once_per_epoch()).get_epsilon(delta)
+  eps0 = _accountants.make_accountant(accountant).compose(once_per_epoch()).get_epsilon(delta)
   user_eps = user_eps0 = None
   if max_examples_per_user is not None:
     user_eps = _accountant.group_privacy_epsilon(poisson, max_examples_per_user, delta)
-    user_eps0 = _accountant.make_accountant(accountant).compose(
+    user_eps0 = _accountants.make_accountant(accountant).compose(
         once_per_epoch(max_examples_per_user)).get_epsilon(delta)
   return DpSgdPrivacy(
       epsilon=eps, delta=delta, optimal_order=order, sampling_probability=q, steps=steps,

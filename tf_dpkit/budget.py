@@ -5,7 +5,7 @@ Every number comes from the top-level ``analysis`` package, through one rule: ea
 phase ``(sampling, q, sigma, steps, microbatch size, ...)`` becomes the event of
 ``analysis.dp_sgd.dp_sgd_event`` (read its docstring for how Poisson, shuffled and
 without-replacement batches and microbatches are accounted), and the events are composed by
-the accountant named ``"rdp"`` or ``"pld"`` (``analysis.accountant.make_accountant``).  A
+the accountant named ``"rdp"`` or ``"pld"`` (``analysis.accountants.make_accountant``).  A
 composition with no amplification by sampling is reported exactly (one Gaussian mechanism).
 
 The ledger travels with the model: the Keras DP optimizers hold it in a float64 state variable
@@ -23,13 +23,13 @@ import keras
 import numpy as np
 
 from analysis import _checks, dp_sgd
-from analysis import accountant as _accountant
+from analysis import accountants as _accountants
 from analysis import events as _events
 
 #: Samplings a :class:`PrivacyBudget` can observe in ``fit``; the accountant also records
 #: ``"without_replacement"``.
 SAMPLINGS = ("poisson", "shuffle")
-ACCOUNTANTS = _accountant.ACCOUNTANTS
+ACCOUNTANTS = _accountants.ACCOUNTANTS
 _CODES = {"poisson": 1.0, "shuffle": 2.0, "without_replacement": 3.0}
 
 
@@ -125,7 +125,7 @@ class PrivacyAccountant:
     ``extra`` is an optional phase of future steps to include (a what-if for budget checks).
     """
     delta = self.delta if delta is None else delta
-    accountant = _accountant.make_accountant(self.accountant)
+    accountant = _accountants.make_accountant(self.accountant)
     for phase in self.phases + ([extra] if extra is not None else []):
       accountant.compose(phase.event())
     return float(accountant.get_epsilon(delta))

@@ -32,7 +32,7 @@ import warnings
 import keras
 
 from analysis import _checks, calibration, dp_sgd
-from analysis import accountant as _accountant
+from analysis import accountants as _accountants
 from tf_dpkit import budget as budget_lib
 from tf_dpkit.data import poisson as pipelines
 from tf_dpkit.optimizers import make_gaussian_optimizer_class
@@ -101,7 +101,7 @@ class DPTraining:
   @property
   def epsilon(self) -> float:
     """Epsilon (nats) of the whole run at :attr:`delta`, by :attr:`accountant`."""
-    return _accountant.make_accountant(self.accountant).compose(self.event).get_epsilon(
+    return _accountants.make_accountant(self.accountant).compose(self.event).get_epsilon(
         self.delta)
 
   def optimizer(self, base=keras.optimizers.SGD, **kwargs):
@@ -191,7 +191,7 @@ def make_private(data, *, batch_size: int, l2_norm_clip: float, delta: float,
       or a budget that the given numbers cannot meet.
   """
   _checks.check_choice("sampling", sampling, _SAMPLINGS)
-  _checks.check_choice("accountant", accountant, _accountant.ACCOUNTANTS)
+  _checks.check_choice("accountant", accountant, _accountants.ACCOUNTANTS)
   structure, n = pipelines._as_structure(data)  # pylint: disable=protected-access
   b = _checks.check_integer("batch_size", batch_size, minimum=1, maximum=n)
   clip = _checks.check_finite_positive("l2_norm_clip", l2_norm_clip)
@@ -227,7 +227,7 @@ def make_private(data, *, batch_size: int, l2_norm_clip: float, delta: float,
 
   def epsilon_of(sigma, whole_epochs):
     event = _event(sampling, n, b, microbatch_size, sigma, whole_epochs * per_epoch)
-    return _accountant.make_accountant(accountant).compose(event).get_epsilon(delta)
+    return _accountants.make_accountant(accountant).compose(event).get_epsilon(delta)
 
   if noise_multiplier is None:
     noise_multiplier = calibration.noise_multiplier_for_event(

@@ -21,7 +21,7 @@ import mpmath
 import numpy as np
 import pytest
 
-from analysis import accountant, events, pld_accountant, rdp_accountant
+from analysis import accountant, accountants, events, pld_accountant, rdp_accountant
 from analysis.events import (ComposedEvent, GaussianEvent, PoissonSampledEvent,
                              SampledWithoutReplacementEvent, SelfComposedEvent, ShuffledEvent)
 from dp_references import dp_accounting as _dp_accounting, dp_pld as _dp_pld, dp_rdp as _dp_rdp
@@ -40,8 +40,8 @@ FACTORIES = {
     "rdp": rdp_accountant.RdpAccountant,
     "pld": pld_accountant.PLDAccountant,
     "pld_capped": lambda: pld_accountant.PLDAccountant(rdp_cap=True),
-    "make_rdp": lambda: accountant.make_accountant("rdp"),
-    "make_pld": lambda: accountant.make_accountant("pld"),
+    "make_rdp": lambda: accountants.make_accountant("rdp"),
+    "make_pld": lambda: accountants.make_accountant("pld"),
 }
 
 
@@ -100,20 +100,20 @@ def _dp_pld_epsilon(event, delta):
 
 
 def test_make_accountant_names():
-  assert accountant.ACCOUNTANTS == ("rdp", "pld")
-  rdp = accountant.make_accountant("rdp")
+  assert accountants.ACCOUNTANTS == ("rdp", "pld")
+  rdp = accountants.make_accountant("rdp")
   assert type(rdp) is rdp_accountant.RdpAccountant and list(rdp.orders) == DEFAULT_ORDERS
-  assert type(accountant.make_accountant()) is rdp_accountant.RdpAccountant
-  pld = accountant.make_accountant("pld")
+  assert type(accountants.make_accountant()) is rdp_accountant.RdpAccountant
+  pld = accountants.make_accountant("pld")
   assert type(pld) is pld_accountant.PLDAccountant
   assert pld.value_discretization_interval == 1e-4
-  assert accountant.make_accountant("rdp") is not accountant.make_accountant("rdp")
+  assert accountants.make_accountant("rdp") is not accountants.make_accountant("rdp")
 
 
 @pytest.mark.parametrize("name", ["RDP", "PLD", "moments", "", None, 1])
 def test_make_accountant_refuses_other_names(name):
   with pytest.raises(ValueError) as info:
-    accountant.make_accountant(name)
+    accountants.make_accountant(name)
   assert str(info.value) == f"accountant must be one of ['pld', 'rdp'], got {name!r}."
 
 
@@ -122,7 +122,7 @@ def test_make_accountant_pld_is_capped_by_rdp():
   # the PLD grid is loose and the RDP bound is the smaller; "pld" reports that one.
   event = SC(P(1e-3, G(20.0)), 1000)
   raw = pld_accountant.PLDAccountant().compose(event).get_epsilon(1e-5)
-  capped = accountant.make_accountant("pld").compose(event).get_epsilon(1e-5)
+  capped = accountants.make_accountant("pld").compose(event).get_epsilon(1e-5)
   reference = _dp_rdp_epsilon(event, 1e-5, DEFAULT_ORDERS)
   assert capped < 0.9 * raw
   assert capped <= reference * (1 + 1e-9)
@@ -314,7 +314,7 @@ def test_rdp_equals_dp_accounting_on_the_same_orders(key):
   ours = rdp_accountant.RdpAccountant().compose(event).get_epsilon(1e-5)
   reference = _dp_rdp_epsilon(event, 1e-5, DEFAULT_ORDERS)
   assert reference * (1 - 1e-4) <= ours <= reference * (1 + 1e-9)
-  assert accountant.make_accountant("rdp").compose(event).get_epsilon(1e-5) == ours
+  assert accountants.make_accountant("rdp").compose(event).get_epsilon(1e-5) == ours
 
 
 def test_rdp_get_delta_equals_dp_accounting():
@@ -433,7 +433,7 @@ def test_group_privacy_is_sound_and_near_the_brute_force_optimum(event, k):
 
 
 def test_group_privacy_with_the_pld_accountant():
-  acc = accountant.make_accountant("pld").compose(SC(P(0.01, G(1.0)), 300))
+  acc = accountants.make_accountant("pld").compose(SC(P(0.01, G(1.0)), 300))
   value = accountant.group_privacy_epsilon(acc, 3, 1e-5)
   _check_sound(acc, 3, 1e-5, value)
   # Fewer points (each PLD query costs more), refined three times around the best one.

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from analysis import accountant, dp_sgd, pld_accountant, rdp_accountant
+from analysis import accountants, dp_sgd, pld_accountant, rdp_accountant
 from analysis.events import (GaussianEvent, PoissonSampledEvent, SampledWithoutReplacementEvent,
                              SelfComposedEvent, ShuffledEvent)
 from dp_references import (dp_accounting as _dp_accounting, dp_pld as _dp_pld, dp_rdp as _dp_rdp,
@@ -229,8 +229,8 @@ def test_shuffle_epsilon_is_the_exact_gaussian(sigma, steps, steps_per_epoch, k,
   hand = dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(effective), epochs)
   rdp_ref = _dp_rdp_eps(hand, 1e-5, list(rdp_accountant.DEFAULT_ORDERS))
   pld_ref = _dp_pld_eps(hand, 1e-5)
-  for name in accountant.ACCOUNTANTS:
-    ours = accountant.make_accountant(name).compose(event).get_epsilon(1e-5)
+  for name in accountants.ACCOUNTANTS:
+    ours = accountants.make_accountant(name).compose(event).get_epsilon(1e-5)
     assert ours == pytest.approx(exact, rel=1e-9)
     assert ours < rdp_ref and ours <= pld_ref * (1 + 1e-6)
 
@@ -251,4 +251,4 @@ def test_without_replacement_epsilon_not_above_dp_accounting(n, b, sigma, microb
   # The PLD accountant refuses this event.
   from analysis import events  # pylint: disable=g-import-not-at-top
   with pytest.raises(events.UnsupportedEventError, match="does not support sampling without"):
-    accountant.make_accountant("pld").compose(event)
+    accountants.make_accountant("pld").compose(event)

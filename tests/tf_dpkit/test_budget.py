@@ -5,7 +5,6 @@ import warnings
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import tf_dpkit
 from analysis import calibration, pld_accountant, rdp_accountant

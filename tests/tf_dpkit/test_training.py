@@ -12,7 +12,7 @@ import tensorflow as tf
 import tf_dpkit
 from tf_dpkit.budget import PrivacyBudget
 from tf_dpkit.data import poisson_batches, shuffled_batches
-from analysis import accountant, events
+from analysis import accountants, events
 from dp_references import dp_accounting, dp_pld, dp_rdp, exact_gaussian_epsilon
 
 N = 200
@@ -28,7 +28,7 @@ def _poisson_reference(q, sigma, steps, delta=1e-5):
   """RDP epsilon of a hand-built event (independent of the configuration -> event mapping),
   checked to lie between dp_accounting's PLD and RDP values for the same event (dp_accounting's
   RDP is looser than ours at fractional orders, its PLD tighter than any RDP bound)."""
-  ours = accountant.make_accountant("rdp").compose(
+  ours = accountants.make_accountant("rdp").compose(
       events.SelfComposedEvent(events.PoissonSampledEvent(q, events.GaussianEvent(sigma)),
                                steps)).get_epsilon(delta)
   dpa = dp_accounting()
