@@ -7,7 +7,9 @@ process per worker (TF_CONFIG on localhost ports).
 Statistical tolerances: the update's noise std is estimated from 2,000 steps x 8 parameters
 (16,000 draws; the slow runs, `pytest -m slow`), whose relative standard error is
 1/sqrt(2 * 16,000) = 0.56%, so the 5% tolerance is 9 standard errors; the default runs use fewer
-steps with tolerances of the same number of standard errors (stated at each test).
+steps with tolerances of the same number of standard errors (stated at each test).  The default
+run keeps one case of each kind (Mirrored and multi-worker noise, noise-free equality, every
+refusal); `pytest -m slow` runs them all.
 """
 import json
 import os
@@ -80,7 +82,7 @@ _SLOW = pytest.mark.slow
 
 @pytest.mark.parametrize("replicas, mode, steps, tolerance", [
     # 1,000 steps: 8,000 draws, standard error 0.79%, tolerance 7% = 9 of them.
-    (2, "fit", 1000, 0.07), (4, "loop", 1000, 0.07),
+    (2, "fit", 1000, 0.07), pytest.param(4, "loop", 1000, 0.07, marks=_SLOW),
     pytest.param(2, "fit", 2000, 0.05, marks=_SLOW),
     pytest.param(4, "loop", 2000, 0.05, marks=_SLOW),
     pytest.param(2, "loop", 2000, 0.05, marks=_SLOW),
@@ -109,6 +111,7 @@ def test_multiworker_noise_is_one_gaussian_over_the_global_batch(mode, steps, to
   np.testing.assert_allclose(results[0], results[1], atol=1e-7)  # every worker, same update
 
 
+@_SLOW
 def test_replica_noise_shares_are_independent_and_sum_to_the_step_noise():
   # 1,000 steps: correlations have standard error 0.032 (|r| < 0.15 is 4.7 of them); stds of
   # 8,000 draws 0.79% (tolerance 7%).
@@ -123,7 +126,8 @@ def test_replica_noise_shares_are_independent_and_sum_to_the_step_noise():
 
 
 @pytest.mark.parametrize("replicas, mode, microbatches", [
-    (2, "fit", None), (4, "loop", 4), pytest.param(2, "loop", None, marks=_SLOW),
+    (2, "fit", None), pytest.param(4, "loop", 4, marks=_SLOW),
+    pytest.param(2, "loop", None, marks=_SLOW),
     pytest.param(2, "fit", 8, marks=_SLOW)])
 def test_without_noise_the_update_is_the_single_device_update(replicas, mode, microbatches):
   args = dict(sigma=0.0, loss="mse", steps=20, mode=mode, num_microbatches=microbatches)
@@ -148,7 +152,8 @@ def test_unsupported_strategies_are_refused_by_name():
               "MultiWorkerMirroredStrategy." in error)
 
 
-@pytest.mark.parametrize("mode", ["loop", pytest.param("fit", marks=_SLOW)])
+@pytest.mark.parametrize("mode", [pytest.param("loop", marks=_SLOW),
+                                  pytest.param("fit", marks=_SLOW)])
 def test_one_device_strategy_gives_the_same_noisy_updates_as_no_strategy(mode):
   # One replica: the noise seed is unchanged by tf_dpkit.distribute, so a fixed seed gives the
   # very same run.
@@ -158,7 +163,8 @@ def test_one_device_strategy_gives_the_same_noisy_updates_as_no_strategy(mode):
   np.testing.assert_array_equal(one_device, single)
 
 
-@pytest.mark.parametrize("mode", ["fit", pytest.param("loop", marks=_SLOW)])
+@pytest.mark.parametrize("mode", [pytest.param("fit", marks=_SLOW),
+                                  pytest.param("loop", marks=_SLOW)])
 def test_multiworker_without_noise_is_the_single_device_update(mode):
   args = dict(sigma=0.0, loss="mse", steps=10, mode=mode)
   single = np.array(_run(**args))
@@ -176,7 +182,7 @@ def test_poisson_batches_under_several_replicas_are_refused_clearly():
       "replicas are not supported yet")
 
 
-@pytest.mark.parametrize("strategy", ["mirrored", "multiworker"])
+@pytest.mark.parametrize("strategy", ["mirrored", pytest.param("multiworker", marks=_SLOW)])
 def test_privacy_budget_counts_global_steps_once(strategy):
   from dp_references import exact_gaussian_epsilon  # pylint: disable=g-import-not-at-top
   args = dict(mode="budget_fit", steps=10, loss="mse")
