@@ -229,6 +229,12 @@ class _DPTrainStep:
       logs = _keras_internals.logs_for_multi_worker(logs)
     return logs
 
+  def test_step(self, data):  # pylint: disable=missing-function-docstring
+    logs = super().test_step(data)
+    if _keras_internals.multi_worker(self):
+      logs = _keras_internals.logs_for_multi_worker(logs)
+    return logs
+
   def _maybe_symbolic_build(self, iterator=None, data_batch=None):
     # Keras 3.15 cannot reduce the first batch under several workers: build from a local one.
     if not _keras_internals.multi_worker(self):

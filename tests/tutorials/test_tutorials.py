@@ -94,3 +94,44 @@ def test_train_to_a_budget_uses_the_whole_budget_for_its_pipeline(sampling):
   final = _final(out)
   assert final["steps"] == EPOCHS * (TRAIN // BATCH)
   assert 3.0 * 0.999 < final["epsilon_rdp"] <= 3.0
+
+
+def _free_ports(count):
+  import socket  # pylint: disable=g-import-not-at-top
+  sockets = [socket.socket() for _ in range(count)]
+  for s in sockets:
+    s.bind(("localhost", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "multiworker"])
+def test_distributed_tutorial_reports_the_single_device_epsilon(strategy):
+  # Shuffled fixed batches: the exact Gaussian epsilon of EPOCHS epochs, whatever the replicas.
+  flags = ["--sampling=shuffle", "--learning_rate=0.5", f"--strategy={strategy}"]
+  if strategy == "mirrored":
+    outputs = [_run("mnist_dpsgd_tutorial_distributed.py", *flags, "--replicas=2")]
+  else:
+    workers = ",".join(f"localhost:{p}" for p in _free_ports(2))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    procs = [subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "tutorials", "mnist_dpsgd_tutorial_distributed.py"),
+         f"--train_size={TRAIN}", f"--test_size={TEST}", f"--batch_size={BATCH}",
+         f"--epochs={EPOCHS}", f"--noise_multiplier={SIGMA}", f"--l2_norm_clip={CLIP}",
+         f"--delta={DELTA}", *flags, f"--workers={workers}", f"--worker_index={i}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+        for i in range(2)]
+    outputs = []
+    for proc in procs:
+      out, err = proc.communicate(timeout=600)
+      assert proc.returncode == 0, out[-3000:] + err[-3000:]
+      outputs.append(out)
+  expected = exact_gaussian_epsilon(SIGMA, EPOCHS, DELTA)
+  for out in outputs:
+    final = _final(out)
+    assert final["steps"] == EPOCHS * (TRAIN // BATCH)
+    assert math.isclose(final["epsilon_rdp"], expected, rel_tol=1e-4)  # printed to 4 decimals
+    assert final["test_accuracy"] > 0.2
+  assert "replicas=2" in outputs[0]
