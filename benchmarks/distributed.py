@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 
@@ -100,16 +99,6 @@ def _measure(config):
   return {method: float(np.median(values)) for method, values in times.items()}
 
 
-def _free_ports(count):
-  sockets = [socket.socket() for _ in range(count)]
-  for s in sockets:
-    s.bind(("localhost", 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
-
-
 def _child(config):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
              PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -134,7 +123,8 @@ def run(strategies, models, batch, reps, warmup):
       config = {"strategy": kind, "model": model, "batch": batch, "reps": reps,
                 "warmup": warmup}
       if kind == "multiworker2":
-        ports = _free_ports(2)
+        from tf_dpkit.distribute import local_worker_addresses  # pylint: disable=g-import-not-at-top
+        ports = [int(a.split(':')[1]) for a in local_worker_addresses(2)]
         procs = [_child({**config, "ports": ports, "index": i}) for i in range(2)]
         result = [_result(p) for p in procs][0]
       else:

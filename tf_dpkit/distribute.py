@@ -95,3 +95,20 @@ def local_num_microbatches(num_microbatches):
         f"into num_microbatches / {replicas}); use e.g. "
         f"{replicas * max(1, num_microbatches // replicas)}.")
   return num_microbatches // replicas
+
+
+def local_worker_addresses(count: int) -> list:
+  """``count`` ``"localhost:PORT"`` addresses on ports free right now, for a cluster of worker
+  processes on one host (``TF_CONFIG``'s ``cluster.worker``; tests and single-host runs).
+
+  A port is free when this returns; another process could take it before the workers start.
+  """
+  import socket  # pylint: disable=g-import-not-at-top
+  sockets = [socket.socket() for _ in range(count)]
+  try:
+    for s in sockets:
+      s.bind(("localhost", 0))
+    return [f"localhost:{s.getsockname()[1]}" for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()

@@ -13,12 +13,13 @@ refusal); `pytest -m slow` runs them all.
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+
+from tf_dpkit.distribute import local_worker_addresses
 
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,18 +51,8 @@ def _run(**args):
   return _parse(proc.stdout + proc.stderr)
 
 
-def _free_ports(count):
-  sockets = [socket.socket() for _ in range(count)]
-  for s in sockets:
-    s.bind(("localhost", 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
-
-
 def _run_workers(workers=2, **args):
-  ports = _free_ports(workers)
+  ports = [int(a.split(':')[1]) for a in local_worker_addresses(workers)]
   base = dict(strategy="multiworker", ports=ports, mode="loop", sigma=SIGMA, seed=5, batch=B,
               steps=2000, loss="zero")
   base.update(args)

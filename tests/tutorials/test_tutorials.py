@@ -11,6 +11,7 @@ import pytest
 
 from analysis import pld_accountant, rdp_accountant
 from dp_references import exact_gaussian_epsilon
+from tf_dpkit.distribute import local_worker_addresses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # 64 noisy steps: over 8 fresh-noise runs per tutorial the test accuracy stayed >= 0.42 (the
@@ -96,17 +97,6 @@ def test_train_to_a_budget_uses_the_whole_budget_for_its_pipeline(sampling):
   assert 3.0 * 0.999 < final["epsilon_rdp"] <= 3.0
 
 
-def _free_ports(count):
-  import socket  # pylint: disable=g-import-not-at-top
-  sockets = [socket.socket() for _ in range(count)]
-  for s in sockets:
-    s.bind(("localhost", 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
-
-
 @pytest.mark.parametrize("strategy", ["mirrored", "multiworker"])
 def test_distributed_tutorial_reports_the_single_device_epsilon(strategy):
   # Shuffled fixed batches: the exact Gaussian epsilon of EPOCHS epochs, whatever the replicas.
@@ -114,7 +104,7 @@ def test_distributed_tutorial_reports_the_single_device_epsilon(strategy):
   if strategy == "mirrored":
     outputs = [_run("mnist_dpsgd_tutorial_distributed.py", *flags, "--replicas=2")]
   else:
-    workers = ",".join(f"localhost:{p}" for p in _free_ports(2))
+    workers = ",".join(local_worker_addresses(2))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
     procs = [subprocess.Popen(
         [sys.executable, os.path.join(ROOT, "tutorials", "mnist_dpsgd_tutorial_distributed.py"),
@@ -148,7 +138,7 @@ def test_mnist_on_two_workers_matches_one_device():
   single = subprocess.run([sys.executable, script, "--strategy=none", *flags], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=1200)
   assert single.returncode == 0, single.stderr[-3000:]
-  workers = ",".join(f"localhost:{p}" for p in _free_ports(2))
+  workers = ",".join(local_worker_addresses(2))
   procs = [subprocess.Popen([sys.executable, script, "--strategy=multiworker",
                              f"--workers={workers}", f"--worker_index={i}", *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
