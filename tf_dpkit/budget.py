@@ -105,7 +105,7 @@ class PrivacyAccountant:
     _checks.check_probability("sampling_probability", sampling_probability, allow_zero=False)
     phase = Phase(float(sampling_probability), noise_multiplier, steps, sampling,
                   microbatch_size, steps_per_epoch, dataset_size, batch_size)
-    event = phase.event()  # the one place that validates a phase
+    phase.event()  # building its event is the one place that validates a phase
     phase = dataclasses.replace(
         phase, noise_multiplier=float(noise_multiplier),
         steps=_checks.check_steps("steps", steps),
@@ -113,7 +113,6 @@ class PrivacyAccountant:
         steps_per_epoch=(None if steps_per_epoch is None else int(steps_per_epoch)),
         dataset_size=None if dataset_size is None else int(dataset_size),
         batch_size=None if batch_size is None else int(batch_size))
-    del event
     if self.phases and self.phases[-1].same_kind(phase):
       self.phases[-1].steps += phase.steps
     elif phase.steps:
