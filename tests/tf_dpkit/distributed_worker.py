@@ -4,7 +4,8 @@ Usage: python distributed_worker.py '<json>' with keys
   strategy: "default" | "one_device" | "mirrored" | "multiworker" | "central_storage"
   replicas: logical CPU devices (mirrored, central_storage)
   ports, index: the multi-worker cluster on localhost and this worker's index
-  mode: "fit" | "loop" | "private_gradients" | "shares" | "poisson_fit" | "budget_fit"
+  mode: "fit" | "loop" | "private_gradients" | "shares" | "poisson_fit" | "budget_fit" |
+    "secrets"
   sigma, seed, batch (global), steps, loss ("zero" | "mse"), num_microbatches
 Prints one line "RESULT <json>": the parameter updates of every step (or, for "shares", each
 replica's private gradient of every step), or "ERROR <type>: <message>".
@@ -57,6 +58,17 @@ def loss_fn(y_true, y_pred):
   return tf.reduce_mean(tf.square(y_true - y_pred), axis=-1)
 
 
+def _patterns(value):
+  """The byte forms an int64 secret takes in files: raw, protobuf varint, decimal."""
+  varint, rest = bytearray(), value
+  while True:
+    low, rest = rest & 0x7F, rest >> 7
+    varint.append(low | (0x80 if rest else 0))
+    if not rest:
+      break
+  return [value.to_bytes(8, "little"), bytes(varint), str(value).encode()]
+
+
 def _dataset(x, y):
   dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(B)
   if ARGS["strategy"] == "multiworker":
@@ -91,6 +103,27 @@ def main():
     return {"epsilon": history.history["epsilon"],
             "iterations": int(model.optimizer.iterations.numpy()),
             "ledger_steps": budget.accountant.steps}
+  if mode == "secrets":  # every byte written by .keras, save_weights and tf.train.Checkpoint
+    import glob  # pylint: disable=g-import-not-at-top
+    import tempfile  # pylint: disable=g-import-not-at-top
+    import zipfile  # pylint: disable=g-import-not-at-top
+    model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+    folder = tempfile.mkdtemp()
+    model.save(os.path.join(folder, "m.keras"))
+    model.save_weights(os.path.join(folder, "m.weights.h5"))
+    tf.train.Checkpoint(model=model, optimizer=optimizer).save(os.path.join(folder, "ckpt"))
+    with open(os.path.join(folder, "control.bin"), "wb") as handle:  # positive control
+      handle.write(b"xx" + ARGS["seed"].to_bytes(8, "little") + b"xx")
+    found = []
+    for path in sorted(glob.glob(os.path.join(folder, "*"))):
+      with open(path, "rb") as handle:
+        data = handle.read()
+      if path.endswith(".keras"):
+        with zipfile.ZipFile(path) as archive:
+          data = b"".join(archive.read(name) for name in archive.namelist())
+      if any(p in data for p in _patterns(ARGS["seed"])):
+        found.append(os.path.basename(path))
+    return found
   if mode == "poisson_fit":
     from tf_dpkit.data import poisson_batches  # pylint: disable=g-import-not-at-top
     model.fit(poisson_batches((x, y), expected_batch_size=B, steps=STEPS, seed=1), epochs=1,

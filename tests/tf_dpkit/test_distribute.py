@@ -186,3 +186,11 @@ def test_privacy_budget_counts_global_steps_once(strategy):
     assert result["iterations"] == result["ledger_steps"] == 10
     assert result["epsilon"] == pytest.approx(
         [exact_gaussian_epsilon(SIGMA, e, 1e-5) for e in (1, 2)], rel=1e-9)
+
+
+def test_noise_key_reaches_no_file_under_a_strategy():
+  # A fixed (so searchable) key under MirroredStrategy x2: no .keras, weights or checkpoint byte
+  # holds it; the control file written with it is found, so the search works.
+  seed = 3141592653589793
+  found = _run(strategy="mirrored", replicas=2, mode="secrets", seed=seed, steps=2, loss="mse")
+  assert found == ["control.bin"], found
