@@ -5,7 +5,7 @@ Usage: python distributed_worker.py '<json>' with keys
   replicas: logical CPU devices (mirrored, central_storage)
   ports, index: the multi-worker cluster on localhost and this worker's index
   mode: "fit" | "loop" | "private_gradients" | "shares" | "poisson_fit" | "budget_fit" |
-    "secrets"
+    "secrets" | "resume"
   sigma, seed, batch (global), steps, loss ("zero" | "mse"), num_microbatches
 Prints one line "RESULT <json>": the parameter updates of every step (or, for "shares", each
 replica's private gradient of every step), or "ERROR <type>: <message>".
@@ -124,6 +124,22 @@ def main():
       if any(p in data for p in _patterns(ARGS["seed"])):
         found.append(os.path.basename(path))
     return found
+  if mode == "resume":  # one epoch, save .keras, load under the strategy, one more epoch
+    import tempfile  # pylint: disable=g-import-not-at-top
+    from tf_dpkit.budget import PrivacyBudget  # pylint: disable=g-import-not-at-top
+    def budget():
+      return PrivacyBudget(B / len(x), sampling="shuffle", steps_per_epoch=STEPS // 2,
+                           verbose=False)
+    model.fit(_dataset(x, y), epochs=1, steps_per_epoch=STEPS // 2, verbose=0,
+              callbacks=[budget()])
+    path = os.path.join(tempfile.mkdtemp(), "m.keras")
+    model.save(path)
+    with STRATEGY.scope():
+      restored = keras.models.load_model(path, custom_objects={"loss_fn": loss_fn})
+    history = restored.fit(_dataset(x, y), epochs=1, steps_per_epoch=STEPS // 2, verbose=0,
+                           callbacks=[budget()])
+    return {"epsilon": history.history["epsilon"],
+            "iterations": int(restored.optimizer.iterations.numpy())}
   if mode == "poisson_fit":
     from tf_dpkit.data import poisson_batches  # pylint: disable=g-import-not-at-top
     model.fit(poisson_batches((x, y), expected_batch_size=B, steps=STEPS, seed=1), epochs=1,

@@ -194,3 +194,12 @@ def test_noise_key_reaches_no_file_under_a_strategy():
   seed = 3141592653589793
   found = _run(strategy="mirrored", replicas=2, mode="secrets", seed=seed, steps=2, loss="mse")
   assert found == ["control.bin"], found
+
+
+def test_ledger_resumes_through_a_keras_file_under_a_strategy():
+  from dp_references import exact_gaussian_epsilon  # pylint: disable=g-import-not-at-top
+  result = _run(strategy="mirrored", replicas=2, mode="resume", steps=10, loss="mse")
+  assert not isinstance(result, str), result
+  assert result["iterations"] == 10
+  # The fresh callback continues: 2 epochs in all, not 1.
+  assert result["epsilon"] == pytest.approx([exact_gaussian_epsilon(SIGMA, 2, 1e-5)], rel=1e-9)
