@@ -22,6 +22,12 @@ would make replica r's share ``Z`` known to all); the shares need no communicati
 gradient all-reduce Keras does anyway, and their sum has exactly the accounted distribution.
 The per-replica partial sums are never released, only their total.
 
+Noise keys: the optimizer's key (secret unless ``seed`` is given) may be the same on every
+replica and worker (a variable made in the strategy's scope is mirrored, on several workers from
+worker 0); that is the design: each replica folds its id in the sync group (global across
+workers) into the seed, so no two replicas draw the same stream, and the key itself stays out
+of every config, checkpoint and graph as without a strategy (``tf_dpkit.noise``).
+
 ``num_microbatches`` counts the microbatches of the *global* batch: each of the R replicas
 splits its local batch into ``num_microbatches / R`` microbatches, so it must be a multiple of
 R and ``num_microbatches / R`` must divide every local batch.  The privacy accountant counts
