@@ -55,7 +55,7 @@ class Accountant(abc.ABC):
     events.relation_of(self._atoms + atoms)
     self._check_atoms(atoms)
     self._events.append(event if count == 1 else events.SelfComposedEvent(event, count))
-    self._atoms = _merge(self._atoms + atoms)
+    self._atoms = events.merge_atoms(self._atoms + atoms)
     self._changed()
     return self
 
@@ -122,17 +122,6 @@ class Accountant(abc.ABC):
       return 0.0
     return gaussian.composed_noise_multiplier([a.noise_multiplier for a in self._atoms],
                                               [a.count for a in self._atoms])
-
-
-def _merge(atoms):
-  merged = []
-  for atom in atoms:
-    if merged and merged[-1].key == atom.key:
-      merged[-1] = events.Atom(atom.noise_multiplier, atom.sampling,
-                               merged[-1].count + atom.count, atom.relation)
-    else:
-      merged.append(atom)
-  return merged
 
 
 def group_privacy_epsilon(accountant: Accountant, group_size: int, delta: float) -> float:

@@ -60,7 +60,8 @@ __all__ = [
     "ADD_OR_REMOVE_ONE", "REPLACE_ONE", "ZERO_OUT", "Atom", "ComposedEvent", "DpEvent",
     "GaussianEvent", "IncompatibleEventsError", "PoissonSampledEvent",
     "SampledWithoutReplacementEvent", "SelfComposedEvent", "ShuffledEvent",
-    "UnsupportedEventError", "flatten", "neighboring_relation", "to_dp_accounting",
+    "UnsupportedEventError", "flatten", "merge_atoms", "neighboring_relation",
+    "relation_of", "to_dp_accounting",
 ]
 
 ADD_OR_REMOVE_ONE = "add_or_remove_one"
@@ -213,6 +214,11 @@ def flatten(event: DpEvent, count: int = 1) -> list[Atom]:
   count = _checks.check_steps("count", count)
   atoms: list[Atom] = []
   _flatten_into(event, count, atoms)
+  return merge_atoms(atoms)
+
+
+def merge_atoms(atoms) -> list[Atom]:
+  """``atoms`` with neighbours of the same mechanism (:attr:`Atom.key`) merged, order kept."""
   merged: list[Atom] = []
   for atom in atoms:
     if merged and merged[-1].key == atom.key:
