@@ -26,6 +26,8 @@ from analysis import _checks, dp_sgd
 from analysis import accountants as _accountants
 from analysis import events as _events
 
+from tf_dpkit import distribute
+
 #: Samplings a :class:`PrivacyBudget` can observe in ``fit``; the accountant also records
 #: ``"without_replacement"``.
 SAMPLINGS = ("poisson", "shuffle")
@@ -186,7 +188,8 @@ class PrivacyBudget(keras.callbacks.Callback):
     batch_size: needed only when the optimizer has ``num_microbatches`` (to know the
       microbatch size): an integer multiple of ``num_microbatches``.
     accountant: ``"rdp"``/``"pld"``, or a :class:`PrivacyAccountant` to continue (resumed runs).
-    verbose: print a line when the budget stops training.
+    verbose: print a line when the budget stops training (on the chief only, under a
+      multi-worker strategy).
   """
 
   #: Marks callbacks that DP models run before all others in ``fit`` (so that the ledger is
@@ -380,7 +383,7 @@ class PrivacyBudget(keras.callbacks.Callback):
       self._record_new_steps()
       self.model.stop_training = True
       self.stopped_at_step = self.accountant.steps
-      if self.verbose:
+      if self.verbose and distribute.is_chief(self.model.distribute_strategy):
         print(f"\nPrivacyBudget: stopping after {self.accountant.steps} steps: the next step "
               f"would exceed target_epsilon={self.target_epsilon} at delta={self.accountant.delta} "
               f"(epsilon now {self.accountant.epsilon():.4f}).")

@@ -31,7 +31,14 @@ of every config, checkpoint and graph as without a strategy (``tf_dpkit.noise``)
 ``num_microbatches`` counts the microbatches of the *global* batch: each of the R replicas
 splits its local batch into ``num_microbatches / R`` microbatches, so it must be a multiple of
 R and ``num_microbatches / R`` must divide every local batch.  The privacy accountant counts
-global steps (the optimizer's ``iterations``), once.
+global steps (the optimizer's ``iterations``), once.  Every worker runs the same
+``PrivacyBudget`` on the same step count, so all compute the same epsilon and stop at the same
+step (a budget stop stops every worker); only the chief (:func:`is_chief`) prints.
+
+Poisson sampling under several replicas: ``tf_dpkit.data.distributed_poisson_batches`` gives
+each replica its own disjoint part of every Poisson batch (their union is a Poisson sample of
+the whole data set, so the accounting is that of one device); a plain ``poisson_batches``
+dataset is refused by DP models' ``fit`` under several replicas.
 """
 from __future__ import annotations
 
@@ -49,18 +56,39 @@ def check_supported_strategy(owner: str, *, replicas_supported: bool = True) -> 
   if not tf.distribute.has_strategy():
     return
   strategy = tf.distribute.get_strategy()
-  supported = isinstance(strategy, _SUPPORTED) and not isinstance(
-      strategy, tf.distribute.experimental.CentralStorageStrategy)
-  if not supported:
-    raise NotImplementedError(
-        f"{owner} runs under {type(strategy).__name__}, which DP-SGD does not support: its "
-        "updates are not one Gaussian release of the global clipped sum per step. Supported: "
-        "no strategy, OneDeviceStrategy, MirroredStrategy and MultiWorkerMirroredStrategy.")
+  check_strategy(strategy, owner)
   if not replicas_supported and strategy.num_replicas_in_sync > 1:
     raise NotImplementedError(
         f"{owner} runs under {type(strategy).__name__} with {strategy.num_replicas_in_sync} "
         "replicas; the tf.compat.v1 optimizers train on one replica. Use the Keras DP "
         "optimizers (tf_dpkit.DP...GaussianOptimizer) for several replicas.")
+
+
+def check_strategy(strategy, owner: str) -> None:
+  """Raises ``NotImplementedError`` naming ``strategy`` if DP-SGD does not support it (module
+  doc); ``owner`` names the caller in the message."""
+  # The default strategy (what get_strategy() returns outside every scope) is "no strategy".
+  default = type(strategy).__name__ == "_DefaultDistributionStrategy"
+  supported = default or (isinstance(strategy, _SUPPORTED) and not isinstance(
+      strategy, tf.distribute.experimental.CentralStorageStrategy))
+  if not supported:
+    raise NotImplementedError(
+        f"{owner} runs under {type(strategy).__name__}, which DP-SGD does not support: its "
+        "updates are not one Gaussian release of the global clipped sum per step. Supported: "
+        "no strategy, OneDeviceStrategy, MirroredStrategy and MultiWorkerMirroredStrategy.")
+
+
+def is_chief(strategy=None) -> bool:
+  """True on the process that logs for the cluster: the ``"chief"`` task if the cluster has
+  one, else worker 0; always True without a multi-worker strategy.  ``strategy`` defaults to
+  the current one."""
+  strategy = tf.distribute.get_strategy() if strategy is None else strategy
+  resolver = getattr(strategy, "cluster_resolver", None)
+  if resolver is None or not resolver.task_type:
+    return True
+  if "chief" in resolver.cluster_spec().as_dict():
+    return resolver.task_type == "chief"
+  return resolver.task_type == "worker" and int(resolver.task_id or 0) == 0
 
 
 def num_replicas() -> int:

@@ -178,17 +178,19 @@ class _DPTrainStep:
     # Keras batches in-memory arrays itself (fixed-size, shuffled batches): recorded so that a
     # PrivacyBudget never accounts such batches as Poisson samples.
     self._dp_keras_batches_arrays = x is not None and not isinstance(
-        x, (tf.data.Dataset, keras.utils.PyDataset)) and not callable(getattr(x, "__next__", None))
+        x, (tf.data.Dataset, tf.distribute.DistributedDataset, keras.utils.PyDataset)) and not callable(getattr(x, "__next__", None))
     # What a tf_dpkit pipeline says it is (PrivacyBudget checks it against its own numbers).
     self._dp_fit_pipeline = pipeline_of(x)
     replicas = self.distribute_strategy.num_replicas_in_sync
-    if (self._dp_fit_pipeline is not None and self._dp_fit_pipeline.sampling == "poisson"
-        and replicas > 1):
-      raise NotImplementedError(
-          f"Poisson batches (poisson_batches) under {type(self.distribute_strategy).__name__} "
-          f"with {replicas} replicas are not supported yet: tf.distribute cannot split batches "
-          "of varying size across replicas. Train on one replica, or use fixed-size batches "
-          "(shuffled_batches, accounted without amplification) under the strategy.")
+    pipeline = self._dp_fit_pipeline
+    if (pipeline is not None and pipeline.sampling == "poisson"
+        and pipeline.replicas != replicas):
+      raise ValueError(
+          f"x: Poisson batches made for {pipeline.replicas} replica(s), but the model trains "
+          f"under {type(self.distribute_strategy).__name__} with {replicas} replicas. Under a "
+          "strategy pass tf_dpkit.data.distributed_poisson_batches(strategy, ...): it gives "
+          "every replica its own part of each Poisson batch (tf.distribute cannot split "
+          "batches of varying size, and splitting them by worker would break the sampling).")
     # Privacy callbacks (tf_dpkit.budget.PrivacyBudget) run first: the saved ledger is then
     # current when checkpointing callbacks save, and `epsilon` is in the logs every later
     # callback (CSVLogger, TensorBoard) sees, whatever order the user listed them in.
@@ -236,8 +238,11 @@ class _DPTrainStep:
     return logs
 
   def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-    # Keras 3.15 cannot reduce the first batch under several workers: build from a local one.
-    if not _keras_internals.multi_worker(self):
+    # Keras 3.15 builds from the replicas' first batches averaged (strategy.reduce), which
+    # fails under several workers and for per-replica batches of different sizes (Poisson
+    # parts, tf_dpkit.data.distributed_poisson_batches): build from one local batch instead.
+    if (self.distribute_strategy.num_replicas_in_sync == 1
+        and not _keras_internals.multi_worker(self)):
       return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
     return _keras_internals.symbolic_build_from_local_batch(self, iterator, data_batch)
 

@@ -4,9 +4,11 @@ Usage: python distributed_worker.py '<json>' with keys
   strategy: "default" | "one_device" | "mirrored" | "multiworker" | "central_storage"
   replicas: logical CPU devices (mirrored, central_storage)
   ports, index: the multi-worker cluster on localhost and this worker's index
-  mode: "fit" | "loop" | "private_gradients" | "shares" | "poisson_fit" | "budget_fit" |
-    "secrets" | "resume"
-  sigma, seed, batch (global), steps, loss ("zero" | "mse"), num_microbatches
+  mode: "fit" | "loop" | "private_gradients" | "shares" | "poisson_fit" | "poisson_parts" |
+    "budget_fit" | "budget_stop" | "secrets" | "resume"
+  sigma, seed, batch (global; the expected batch for Poisson), steps, loss ("zero" | "mse"),
+  num_microbatches; distributed (poisson_fit: distributed_poisson_batches); n, sharded
+  (poisson_parts: data set size, each worker holding only its shard); target_epsilon
 Prints one line "RESULT <json>": the parameter updates of every step (or, for "shares", each
 replica's private gradient of every step), or "ERROR <type>: <message>".
 """
@@ -78,7 +80,34 @@ def _dataset(x, y):
   return dataset
 
 
+def _poisson_parts():
+  """Every local replica's example indices (weight 1) at each of STEPS steps.
+
+  ``n`` examples, expected batch ``B``; with ``sharded`` worker w holds examples w, w + W, ...
+  (its shard) and passes ``num_examples=n``.
+  """
+  from tf_dpkit import data  # pylint: disable=g-import-not-at-top
+  n = ARGS["n"]
+  index = np.arange(n, dtype=np.int64)
+  kwargs = {}
+  if ARGS.get("sharded"):
+    workers = len(ARGS["ports"])
+    index = index[ARGS["index"]::workers]
+    kwargs["num_examples"] = n
+  batches = data.distributed_poisson_batches(STRATEGY, (index,), expected_batch_size=B,
+                                             steps=STEPS, seed=ARGS["seed"], **kwargs)
+  steps = []
+  for element in batches:
+    parts = []
+    for indices, weights in zip(STRATEGY.experimental_local_results(element[0]),
+                                STRATEGY.experimental_local_results(element[1])):
+      parts.append([int(i) for i, w in zip(indices.numpy(), weights.numpy()) if w > 0])
+    steps.append(parts)
+  return steps
+
+
 def main():
+  mode = ARGS["mode"]
   rng = np.random.default_rng(0)
   x = rng.normal(size=(B * STEPS, 3)).astype(np.float32)
   y = rng.normal(size=(B * STEPS, 2)).astype(np.float32)
@@ -86,14 +115,14 @@ def main():
     model = tf_dpkit.DPSequential([keras.Input((3,)), keras.layers.Dense(
         2, kernel_initializer=keras.initializers.Constant(0.1))])
     optimizer = tf_dpkit.DPGradientDescentGaussianOptimizer(
-        1.0, ARGS["sigma"], ARGS.get("num_microbatches"), learning_rate=1.0, seed=ARGS["seed"])
+        1.0, ARGS["sigma"], ARGS.get("num_microbatches"), learning_rate=1.0, seed=ARGS["seed"],
+        expected_batch_size=B if mode in ("poisson_fit", "budget_stop") else None)
     model.compile(optimizer, loss=loss_fn)
 
   def params():
     return np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
 
   trace = [params()]
-  mode = ARGS["mode"]
   if mode == "budget_fit":  # 2 epochs of shuffled fixed batches with a PrivacyBudget
     from tf_dpkit.budget import PrivacyBudget  # pylint: disable=g-import-not-at-top
     budget = PrivacyBudget(B / len(x), sampling="shuffle", steps_per_epoch=STEPS // 2,
@@ -140,11 +169,39 @@ def main():
                            callbacks=[budget()])
     return {"epsilon": history.history["epsilon"],
             "iterations": int(restored.optimizer.iterations.numpy())}
-  if mode == "poisson_fit":
-    from tf_dpkit.data import poisson_batches  # pylint: disable=g-import-not-at-top
-    model.fit(poisson_batches((x, y), expected_batch_size=B, steps=STEPS, seed=1), epochs=1,
-              steps_per_epoch=STEPS, verbose=0)
-    return []
+  if mode == "budget_stop":  # Poisson parts with a PrivacyBudget that stops at target_epsilon
+    import contextlib  # pylint: disable=g-import-not-at-top
+    import io  # pylint: disable=g-import-not-at-top
+    from tf_dpkit import data  # pylint: disable=g-import-not-at-top
+    from tf_dpkit.budget import PrivacyBudget  # pylint: disable=g-import-not-at-top
+    batches = data.distributed_poisson_batches(STRATEGY, (x, y), expected_batch_size=B,
+                                               steps=STEPS, seed=1)
+    budget = PrivacyBudget(B / len(x), target_epsilon=ARGS["target_epsilon"])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+      model.fit(batches, epochs=1, steps_per_epoch=STEPS, verbose=0, callbacks=[budget])
+    return {"iterations": int(model.optimizer.iterations.numpy()),
+            "stopped_at": budget.stopped_at_step, "printed": printed.getvalue()}
+  if mode == "poisson_parts":  # which examples every local replica gets at every step
+    return _poisson_parts()
+  if mode == "poisson_fit":  # plain poisson_batches, or (distributed) each replica its part
+    from tf_dpkit import data  # pylint: disable=g-import-not-at-top
+    from tf_dpkit.budget import PrivacyBudget  # pylint: disable=g-import-not-at-top
+    n = len(x)
+    if ARGS.get("distributed"):
+      batches = data.distributed_poisson_batches(STRATEGY, (x, y), expected_batch_size=B,
+                                                 steps=STEPS, seed=1)
+    else:
+      batches = data.poisson_batches((x, y), expected_batch_size=B, steps=STEPS, seed=1)
+
+    class Record(keras.callbacks.Callback):
+      def on_train_batch_end(self, batch, logs=None):
+        trace.append(params())
+    budget = PrivacyBudget(B / n, verbose=False)
+    history = model.fit(batches, epochs=1, steps_per_epoch=STEPS, verbose=0,
+                        callbacks=[budget, Record()])
+    return {"updates": np.diff(np.array(trace), axis=0).tolist(),
+            "epsilon": history.history["epsilon"][-1], "ledger_steps": budget.accountant.steps}
   if mode == "fit":
     class Record(keras.callbacks.Callback):
       def on_train_batch_end(self, batch, logs=None):
@@ -192,3 +249,5 @@ if __name__ == "__main__":
     print("RESULT " + json.dumps(main()), flush=True)
   except Exception as error:  # pylint: disable=broad-except
     print(f"ERROR {type(error).__name__}: {' '.join(str(error).split())}", flush=True)
+    if os.environ.get("DP_WORKER_TRACE"):
+      import traceback; traceback.print_exc()

@@ -164,13 +164,127 @@ def test_multiworker_without_noise_is_the_single_device_update(mode):
     np.testing.assert_allclose(np.array(distributed), single, atol=1e-5)
 
 
-def test_poisson_batches_under_several_replicas_are_refused_clearly():
+def test_plain_poisson_batches_under_several_replicas_are_refused_clearly():
   # tf.distribute cannot split batches of varying size across replicas (it crashed deep in
-  # TensorFlow with an AddN shape error); refused before any step until sharded sampling exists.
+  # TensorFlow with an AddN shape error): refused before any step, pointing to the sampler
+  # that gives each replica its part.
   error = _run(strategy="mirrored", replicas=2, mode="poisson_fit", steps=4)
   assert isinstance(error, str) and error.startswith(
-      "NotImplementedError: Poisson batches (poisson_batches) under MirroredStrategy with 2 "
-      "replicas are not supported yet")
+      "ValueError: x: Poisson batches made for 1 replica(s), but the model trains under "
+      "MirroredStrategy with 2 replicas. Under a strategy pass "
+      "tf_dpkit.data.distributed_poisson_batches(strategy, ...)")
+
+
+def _single_device_poisson_indices(n, steps, seed):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tf_dpkit.data import poisson_batches  # pylint: disable=g-import-not-at-top
+  batches = poisson_batches((np.arange(n),), expected_batch_size=B, steps=steps, seed=seed)
+  return [sorted(int(i) for i, w in zip(idx.numpy(), weight.numpy()) if w > 0)
+          for idx, weight in batches if isinstance(idx, tf.Tensor)]
+
+
+@pytest.mark.parametrize("replicas", [2, pytest.param(4, marks=_SLOW)])
+def test_distributed_poisson_parts_make_up_the_single_device_batch(replicas):
+  # Replica r gets the examples i = r mod R of the Poisson batch; with one seed the union is
+  # exactly poisson_batches' batch (so the sampling, and its accounting, is unchanged).
+  n, steps = 40, 30
+  parts = _run(strategy="mirrored", replicas=replicas, mode="poisson_parts", n=n, steps=steps,
+               seed=3)
+  assert not isinstance(parts, str), parts
+  expected = _single_device_poisson_indices(n, steps, 3)
+  assert sum(map(len, expected)) > 100  # real batches
+  for step_parts, batch in zip(parts, expected):
+    assert len(step_parts) == replicas
+    for r, part in enumerate(step_parts):
+      assert all(i % replicas == r for i in part)
+    assert sorted(i for part in step_parts for i in part) == batch
+
+
+def test_distributed_poisson_fit_without_noise_is_the_single_device_update():
+  args = dict(mode="poisson_fit", sigma=0.0, loss="mse", steps=10)
+  single = _run(**args)
+  distributed = _run(strategy="mirrored", replicas=2, distributed=True, **args)
+  assert not isinstance(distributed, str), distributed
+  assert np.abs(np.array(single["updates"])).max() > 1e-3
+  np.testing.assert_allclose(distributed["updates"], single["updates"], atol=1e-5)
+  assert distributed["ledger_steps"] == single["ledger_steps"] == 10
+
+
+@pytest.mark.parametrize("strategy, steps, tolerance", [
+    pytest.param("mirrored", 2000, 0.05, marks=_SLOW),
+    pytest.param("multiworker", 1000, 0.07, marks=_SLOW)])
+def test_distributed_poisson_noise_is_one_gaussian_over_the_expected_batch(strategy, steps,
+                                                                         tolerance):
+  # Loss identically zero: the update is the noise, std sigma C / (qN) = sigma / B.
+  from analysis import rdp_accountant  # pylint: disable=g-import-not-at-top
+  args = dict(mode="poisson_fit", distributed=True, steps=steps)
+  results = (_run_workers(2, **args) if strategy == "multiworker"
+             else [_run(strategy="mirrored", replicas=2, **args)])
+  for result in results:
+    assert not isinstance(result, str), result
+    assert _noise_ratio(result["updates"]) == pytest.approx(1.0, abs=tolerance)
+    assert result["ledger_steps"] == steps
+    # The epsilon of `steps` Poisson steps at q = B / N, as on one device.
+    q = B / (B * steps)
+    rdp = rdp_accountant.compute_rdp(q, SIGMA, steps, rdp_accountant.DEFAULT_ORDERS)
+    assert result["epsilon"] <= rdp_accountant.get_privacy_spent(
+        rdp_accountant.DEFAULT_ORDERS, rdp, target_delta=1e-5)[0] + 1e-9
+
+
+@_SLOW
+def test_sharded_poisson_on_two_workers_samples_each_shard_independently_at_rate_q():
+  # Worker w holds examples w, w + 2, ... and samples them with its own stream: every part
+  # lies in its worker's shard, every example's inclusion rate is q, and the two workers'
+  # batch sizes are uncorrelated.  400 steps, q = 0.2: an example's count has mean 80, sd 8;
+  # 6 sd per example (40 examples), the pooled rate 0.2 +- 0.0032 (5 sd); |r| < 0.2 is 4 sd.
+  n, steps = 40, 400
+  results = _run_workers(2, mode="poisson_parts", n=n, steps=steps, sharded=True)
+  counts = np.zeros(n)
+  sizes = []
+  for worker, parts in enumerate(results):
+    assert not isinstance(parts, str), parts
+    assert len(parts) == steps
+    sizes.append([len(step[0]) for step in parts])
+    for step in parts:
+      assert all(i % 2 == worker for i in step[0])
+      counts[step[0]] += 1
+  q = B / n
+  assert np.all(np.abs(counts - steps * q) < 6 * np.sqrt(steps * q * (1 - q)))
+  assert counts.sum() / (n * steps) == pytest.approx(q, abs=5 * np.sqrt(q * (1 - q) / (n * steps)))
+  assert abs(np.corrcoef(sizes[0], sizes[1])[0, 1]) < 0.2
+
+
+@_SLOW
+def test_distributed_poisson_on_two_workers_without_noise_is_the_single_device_update():
+  args = dict(mode="poisson_fit", sigma=0.0, loss="mse", steps=10)
+  single = _run(**args)
+  for result in _run_workers(2, distributed=True, **args):
+    assert not isinstance(result, str), result
+    np.testing.assert_allclose(result["updates"], single["updates"], atol=1e-5)
+
+
+def test_distributed_poisson_batches_checks_its_arguments():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tf_dpkit.data import distributed_poisson_batches  # pylint: disable=g-import-not-at-top
+  strategy = tf.distribute.get_strategy()
+  x = np.zeros((10, 2), np.float32)
+  with pytest.raises(ValueError, match=r"num_examples must be an integer in \[10, inf\]"):
+    distributed_poisson_batches(strategy, (x,), expected_batch_size=2, steps=3, num_examples=9)
+  with pytest.raises(ValueError, match=r"Give exactly one of sampling_probability"):
+    distributed_poisson_batches(strategy, (x,), steps=3)
+  with pytest.raises(ValueError, match=r"expected_batch_size must be in \(0, num_examples\]"):
+    distributed_poisson_batches(strategy, (x,), expected_batch_size=11, steps=3)
+  central = tf.distribute.experimental.CentralStorageStrategy()
+  with pytest.raises(NotImplementedError, match="distributed_poisson_batches runs under "
+                     "CentralStorageStrategy, which DP-SGD does not support"):
+    distributed_poisson_batches(central, (x,), expected_batch_size=2, steps=3)
+  # One replica, no strategy: the same batches as poisson_batches.
+  ours = [e[0].numpy().tolist() for e in distributed_poisson_batches(
+      strategy, (np.arange(10),), expected_batch_size=3, steps=4, seed=7)]
+  from tf_dpkit.data import poisson_batches  # pylint: disable=g-import-not-at-top
+  plain = [e[0].numpy().tolist() for e in poisson_batches(
+      (np.arange(10),), expected_batch_size=3, steps=4, seed=7)]
+  assert ours == plain
 
 
 @pytest.mark.parametrize("strategy", ["mirrored", pytest.param("multiworker", marks=_SLOW)])
@@ -186,6 +300,24 @@ def test_privacy_budget_counts_global_steps_once(strategy):
     assert result["iterations"] == result["ledger_steps"] == 10
     assert result["epsilon"] == pytest.approx(
         [exact_gaussian_epsilon(SIGMA, e, 1e-5) for e in (1, 2)], rel=1e-9)
+
+
+def test_budget_stops_every_worker_at_the_same_step_and_only_the_chief_prints():
+  # Target: just above epsilon after 7 Poisson steps (q = 1/20, sigma 1), from the accountant
+  # of analysis directly; both workers must stop after exactly 7 global steps.
+  from analysis import rdp_accountant  # pylint: disable=g-import-not-at-top
+  steps = 20
+  orders = rdp_accountant.DEFAULT_ORDERS
+
+  def epsilon(k):
+    rdp = rdp_accountant.compute_rdp(1 / steps, SIGMA, k, orders)
+    return rdp_accountant.get_privacy_spent(orders, rdp, target_delta=1e-5)[0]
+  target = 0.5 * (epsilon(7) + epsilon(8))
+  results = _run_workers(2, mode="budget_stop", steps=steps, target_epsilon=target, loss="mse")
+  for worker, result in enumerate(results):
+    assert not isinstance(result, str), result
+    assert result["iterations"] == result["stopped_at"] == 7
+    assert ("PrivacyBudget: stopping after 7 steps" in result["printed"]) == (worker == 0)
 
 
 def test_noise_key_reaches_no_file_under_a_strategy():

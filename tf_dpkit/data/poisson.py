@@ -121,6 +121,7 @@ import secrets
 import tensorflow as tf
 
 from analysis import _checks
+from tf_dpkit import distribute
 from tf_dpkit import noise as noise_lib
 
 # Second seed words, so the Poisson and the shuffle pipelines draw unrelated streams even when
@@ -291,6 +292,17 @@ def _ceil_ratio(numerator: float, denominator: float) -> int:
   return math.ceil(ratio)
 
 
+def _indices_and_weights(selected):
+  """``(indices, weights)`` of the ``True`` entries of ``selected`` (module doc): ascending
+  int64 indices and float32 weights of ones; an empty selection gives index 0 with weight 0."""
+  chosen = tf.where(selected)[:, 0]
+  count = tf.size(chosen, out_type=tf.int64)
+  size = tf.maximum(count, 1)
+  indices = tf.concat([chosen, tf.zeros([1], tf.int64)], axis=0)[:size]
+  weights = tf.cast(tf.range(size) < count, tf.float32)
+  return indices, weights
+
+
 @dataclasses.dataclass(frozen=True)
 class PoissonSampling:
   """Poisson sampling of ``num_examples`` examples with probability ``sampling_probability``.
@@ -360,22 +372,28 @@ class PoissonSampling:
     ``weights``: float32 ``[b]``, all 1.  For an empty draw ``b = 1``, ``indices = [0]`` and
     ``weights = [0.]``.  Works eagerly, in ``tf.function`` and in ``tf.data`` map functions.
     """
+    return _indices_and_weights(self.selected(step))
+
+  def selected(self, step, stream: int = 0) -> tf.Tensor:
+    """The inclusion mask of batch ``step``: bool ``[N]``, ``True`` for the chosen examples.
+
+    Example ``i`` is chosen iff its uniform 64-bit draw is below :attr:`inclusion_threshold`;
+    the draws are keyed by ``(seed, stream, step)``.  ``stream`` (an int in [0, 2**31)) tells
+    apart independent samplers sharing one seed (the workers of
+    :func:`distributed_poisson_batches` that each sample their own shard); 0 is the stream of
+    :meth:`batch_indices`.
+    """
     step = tf.cast(step, tf.int64)
     n = self.num_examples
     if self.inclusion_threshold >= 2**64:  # q == 1: everyone, every step
-      selected = tf.ones([n], tf.bool)
-    else:
-      step_seed = tf.random.experimental.stateless_fold_in(
-          _seed_pair(self._secret_seed, _POISSON_STREAM), step, alg=_ALG)
-      draws = tf.random.stateless_uniform([n], seed=step_seed, minval=None, maxval=None,
-                                          dtype=tf.uint64, alg=_ALG)
-      selected = draws < tf.constant(self.inclusion_threshold, tf.uint64)
-    chosen = tf.where(selected)[:, 0]
-    count = tf.size(chosen, out_type=tf.int64)
-    size = tf.maximum(count, 1)
-    indices = tf.concat([chosen, tf.zeros([1], tf.int64)], axis=0)[:size]
-    weights = tf.cast(tf.range(size) < count, tf.float32)
-    return indices, weights
+      return tf.ones([n], tf.bool)
+    seed = _seed_pair(self._secret_seed, _POISSON_STREAM)
+    if stream:
+      seed = tf.random.experimental.stateless_fold_in(seed, stream, alg=_ALG)
+    step_seed = tf.random.experimental.stateless_fold_in(seed, step, alg=_ALG)
+    draws = tf.random.stateless_uniform([n], seed=step_seed, minval=None, maxval=None,
+                                        dtype=tf.uint64, alg=_ALG)
+    return draws < tf.constant(self.inclusion_threshold, tf.uint64)
 
   def dataset(self, data) -> tf.data.Dataset:
     """The ``tf.data.Dataset`` of :attr:`steps` Poisson batches of ``data`` (see module doc).
@@ -474,6 +492,111 @@ def poisson_batches(data, *, sampling_probability: float | None = None,
   return sampling._dataset(structure)  # pylint: disable=protected-access
 
 
+def distributed_poisson_batches(strategy, data, *, sampling_probability: float | None = None,
+                                expected_batch_size: float | None = None, steps: int,
+                                seed: int | None = None, num_examples: int | None = None):
+  """Poisson batches for ``R`` replicas of a ``tf.distribute`` strategy, on any number of workers.
+
+  Every example joins the global batch of step ``t`` independently with probability ``q``,
+  exactly as in :func:`poisson_batches`, and each replica receives its own part of it:
+
+  * The ``N`` examples are split into ``R`` disjoint shards by a public rule that does not look
+    at the data: replica ``r`` (``r = worker * L + local``, ``L`` replicas per worker) owns
+    the examples at positions ``i`` with ``i mod R = r`` (``num_examples=None``), or, when each
+    worker holds only its own shard of the data set (``num_examples`` given), worker ``w``'s
+    ``L`` replicas split that shard by ``i mod L``.
+  * At every step each replica's part is the subset of its shard whose draws are below
+    ``floor(q 2^64)``.  Each example is decided by exactly one independent Bernoulli(q) draw,
+    so the union over replicas and workers -- the global batch the DP step clips, sums and
+    noises once -- is a Poisson sample of the whole data set with rate ``q``, expected size
+    ``qN``.  The accountant therefore analyses it exactly as one device's Poisson batches:
+    the global step is one Poisson-subsampled Gaussian release, counted once.
+  * With one data set on every worker (``num_examples=None``) and a shared integer ``seed``,
+    all workers draw the same mask, so the global batch of step ``t`` is exactly
+    ``poisson_batches(data, ..., seed=seed)``'s batch ``t``.  With ``seed=None`` every worker
+    draws its own secret seed; the union is still a Poisson sample, since each example is
+    drawn by one worker only.  With per-worker shards, worker ``w``'s draws use stream ``w + 1``
+    of the seed, so shards never share draws.
+  * A replica whose part is empty receives one example (its shard's first, or example 0) with
+    weight 0, whose clipped gradient is exactly 0 (module doc): the released sum is unchanged.
+
+  Normalise by the global expected batch size ``qN`` (the DP optimizer's
+  ``expected_batch_size``); tf_dpkit's optimizers then add noise once per global step
+  (:mod:`tf_dpkit.distribute`).  Pass the result to ``model.fit`` (``steps_per_epoch`` as for
+  :func:`poisson_batches`) or iterate it in a custom loop with ``strategy.run``.
+
+  Args:
+    strategy: the ``tf.distribute`` strategy that will train (any supported one, one replica
+      included); its ``distribute_datasets_from_function`` is used.
+    data: as for :func:`poisson_batches`: the whole training set (the same examples, in the
+      same order, on every worker), or with ``num_examples`` this worker's disjoint shard.
+    sampling_probability: ``q`` in ``(0, 1]``; or give ``expected_batch_size`` ``qN`` in
+      ``(0, N]`` (examples), exactly one of the two.
+    steps: global steps, a positive integer.
+    seed: ``None`` (a secret seed) or an int64 integer, for tests and reproducible runs only.
+    num_examples: ``None`` when ``data`` is the whole data set; else ``N``, the size of the
+      whole data set (an integer >= this worker's shard), when ``data`` is this worker's
+      shard -- the shards of all workers must be disjoint and together make up the data set.
+
+  Returns:
+    A ``tf.distribute.DistributedDataset`` of ``steps`` global batches; each replica's element
+    is ``(x_r, y_r, weight_r)`` for ``data = (x, y)`` (structures as in :func:`poisson_batches`),
+    with a ``None`` batch dimension.
+
+  Raises:
+    ValueError: as :func:`poisson_batches`; ``num_examples`` smaller than the shard; a
+      strategy whose replicas are not spread evenly over its workers.
+    NotImplementedError: a strategy DP-SGD does not support (:mod:`tf_dpkit.distribute`).
+  """
+  distribute.check_strategy(strategy, "distributed_poisson_batches")
+  if (sampling_probability is None) == (expected_batch_size is None):
+    raise ValueError("Give exactly one of sampling_probability (q in (0, 1]) and "
+                     "expected_batch_size (qN in (0, N]); got "
+                     f"sampling_probability={sampling_probability!r}, "
+                     f"expected_batch_size={expected_batch_size!r}.")
+  structure, local_n = _as_structure(data)
+  sharded = num_examples is not None
+  n = _checks.check_integer("num_examples", num_examples, minimum=local_n) if sharded else local_n
+  if seed is None:
+    seed = secret_seed()
+  if expected_batch_size is not None:
+    whole = PoissonSampling.from_expected_batch_size(n, expected_batch_size, steps=steps,
+                                                     seed=seed)
+  else:
+    whole = PoissonSampling(n, sampling_probability, steps, seed)
+  # The draws over the examples this worker holds: all N, or its shard.
+  local = dataclasses.replace(whole, num_examples=local_n) if sharded else whole
+  replicas = int(strategy.num_replicas_in_sync)
+
+  def dataset_fn(context):
+    pipelines = int(context.num_input_pipelines)
+    if replicas % pipelines:
+      raise ValueError(f"strategy: {replicas} replicas cannot be spread evenly over "
+                       f"{pipelines} workers.")
+    per_worker = replicas // pipelines
+    worker = int(context.input_pipeline_id)
+    if sharded:
+      stream, first, stride = worker + 1, 0, per_worker
+    else:
+      stream, first, stride = 0, worker * per_worker, replicas
+    positions = tf.range(local_n, dtype=tf.int64)
+
+    def element(k):
+      step, part = k // per_worker, k % per_worker
+      mine = tf.equal(positions % stride, first + part)
+      indices, weights = _indices_and_weights(
+          tf.logical_and(local.selected(step, stream), mine))
+      return _gather(structure, indices, weights)
+
+    return tf.data.Dataset.range(whole.steps * per_worker).map(
+        element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+  distributed = strategy.distribute_datasets_from_function(dataset_fn)
+  return _tagged(distributed, Pipeline("poisson", n, whole.expected_batch_size,
+                                       whole.steps_per_epoch, whole.sampling_probability,
+                                       replicas=replicas))
+
+
 def shuffled_batches(data, batch_size: int, epochs: int, seed: int | None = None,
                      drop_remainder: bool = True) -> tf.data.Dataset:
   """Shuffle-and-batch: each epoch, a fresh permutation of ``data`` cut into batches.
@@ -538,13 +661,16 @@ class Pipeline:
 
   ``sampling`` is ``"poisson"`` or ``"shuffle"``; ``num_examples`` N; ``batch_size`` the
   expected (Poisson: qN) or fixed batch size; ``steps_per_epoch``; ``sampling_probability`` q
-  for Poisson (None for shuffle).  Read it with :func:`pipeline_of`.
+  for Poisson (None for shuffle); ``replicas``: the number of replicas a
+  :func:`distributed_poisson_batches` dataset feeds (1 for the others, which feed one replica
+  or are split by ``tf.distribute``).  Read it with :func:`pipeline_of`.
   """
   sampling: str
   num_examples: int
   batch_size: float
   steps_per_epoch: int
   sampling_probability: float | None = None
+  replicas: int = 1
 
 
 def _tagged(dataset: tf.data.Dataset, pipeline: Pipeline) -> tf.data.Dataset:
