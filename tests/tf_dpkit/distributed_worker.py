@@ -5,7 +5,7 @@ Usage: python distributed_worker.py '<json>' with keys
   replicas: logical CPU devices (mirrored, central_storage)
   ports, index: the multi-worker cluster on localhost and this worker's index
   mode: "fit" | "loop" | "private_gradients" | "shares" | "poisson_fit" | "poisson_parts" |
-    "budget_fit" | "budget_stop" | "secrets" | "resume"
+    "budget_fit" | "budget_stop" | "backup" | "secrets" | "resume"
   sigma, seed, batch (global; the expected batch for Poisson), steps, loss ("zero" | "mse"),
   num_microbatches; distributed (poisson_fit: distributed_poisson_batches); n, sharded
   (poisson_parts: data set size, each worker holding only its shard); target_epsilon
@@ -182,6 +182,32 @@ def main():
       model.fit(batches, epochs=1, steps_per_epoch=STEPS, verbose=0, callbacks=[budget])
     return {"iterations": int(model.optimizer.iterations.numpy()),
             "stopped_at": budget.stopped_at_step, "printed": printed.getvalue()}
+  if mode == "backup":  # 4 epochs with BackupAndRestore, interrupted after 2, then resumed
+    import tempfile  # pylint: disable=g-import-not-at-top
+    from tf_dpkit.budget import PrivacyBudget  # pylint: disable=g-import-not-at-top
+    folder = tempfile.mkdtemp()
+
+    class Interrupt(keras.callbacks.Callback):
+      def on_epoch_end(self, epoch, logs=None):
+        if epoch == 1:
+          raise KeyboardInterrupt("preempted")
+
+    def run(fitted, extra):
+      budget = PrivacyBudget(B / len(x), sampling="shuffle", steps_per_epoch=STEPS // 4,
+                             verbose=False)
+      return fitted.fit(_dataset(x, y), epochs=4, steps_per_epoch=STEPS // 4, verbose=0,
+                        callbacks=[budget, keras.callbacks.BackupAndRestore(folder), *extra])
+    try:
+      run(model, [Interrupt()])
+    except KeyboardInterrupt:
+      pass
+    with STRATEGY.scope():  # a new process would build the same model afresh
+      fresh = tf_dpkit.DPSequential([keras.Input((3,)), keras.layers.Dense(2)])
+      fresh.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(
+          1.0, ARGS["sigma"], learning_rate=1.0, seed=ARGS["seed"]), loss=loss_fn)
+    history = run(fresh, [])
+    return {"epochs": history.epoch, "epsilon": history.history["epsilon"],
+            "iterations": int(fresh.optimizer.iterations.numpy())}
   if mode == "poisson_parts":  # which examples every local replica gets at every step
     return _poisson_parts()
   if mode == "poisson_fit":  # plain poisson_batches, or (distributed) each replica its part

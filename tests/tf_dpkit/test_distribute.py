@@ -320,18 +320,43 @@ def test_budget_stops_every_worker_at_the_same_step_and_only_the_chief_prints():
     assert ("PrivacyBudget: stopping after 7 steps" in result["printed"]) == (worker == 0)
 
 
-def test_noise_key_reaches_no_file_under_a_strategy():
-  # A fixed (so searchable) key under MirroredStrategy x2: no .keras, weights or checkpoint byte
-  # holds it; the control file written with it is found, so the search works.
-  seed = 3141592653589793
-  found = _run(strategy="mirrored", replicas=2, mode="secrets", seed=seed, steps=2, loss="mse")
-  assert found == ["control.bin"], found
-
-
-def test_ledger_resumes_through_a_keras_file_under_a_strategy():
+@pytest.mark.parametrize("strategy", ["mirrored", pytest.param("multiworker", marks=_SLOW)])
+def test_backup_and_restore_resumes_the_ledger_under_a_strategy(strategy):
+  # Preempted after 2 of 4 epochs, a fresh model resumes from BackupAndRestore at epoch 3 and
+  # logs the epsilon of 3 and 4 epochs (shuffled batches: the Gaussian once per epoch).
   from dp_references import exact_gaussian_epsilon  # pylint: disable=g-import-not-at-top
-  result = _run(strategy="mirrored", replicas=2, mode="resume", steps=10, loss="mse")
-  assert not isinstance(result, str), result
-  assert result["iterations"] == 10
-  # The fresh callback continues: 2 epochs in all, not 1.
-  assert result["epsilon"] == pytest.approx([exact_gaussian_epsilon(SIGMA, 2, 1e-5)], rel=1e-9)
+  args = dict(mode="backup", steps=16, loss="mse")
+  results = (_run_workers(2, **args) if strategy == "multiworker"
+             else [_run(strategy="mirrored", replicas=2, **args)])
+  for result in results:
+    assert not isinstance(result, str), result
+    assert result["epochs"] == [2, 3]
+    assert result["iterations"] == 16
+    assert result["epsilon"] == pytest.approx(
+        [exact_gaussian_epsilon(SIGMA, e, 1e-5) for e in (3, 4)], rel=1e-9)
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", pytest.param("multiworker", marks=_SLOW)])
+def test_noise_key_reaches_no_file_under_a_strategy(strategy):
+  # A fixed (so searchable) key under MirroredStrategy x2 or 2 workers: no .keras, weights or
+  # checkpoint byte holds it; the control file written with it is found, so the search works.
+  seed = 3141592653589793
+  args = dict(mode="secrets", seed=seed, steps=2, loss="mse")
+  results = (_run_workers(2, **args) if strategy == "multiworker"
+             else [_run(strategy="mirrored", replicas=2, **args)])
+  for found in results:
+    assert found == ["control.bin"], found
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", pytest.param("multiworker", marks=_SLOW)])
+def test_ledger_resumes_through_a_keras_file_under_a_strategy(strategy):
+  from dp_references import exact_gaussian_epsilon  # pylint: disable=g-import-not-at-top
+  args = dict(mode="resume", steps=10, loss="mse")
+  results = (_run_workers(2, **args) if strategy == "multiworker"
+             else [_run(strategy="mirrored", replicas=2, **args)])
+  for result in results:
+    assert not isinstance(result, str), result
+    assert result["iterations"] == 10
+    # The fresh callback continues: 2 epochs in all, not 1.
+    assert result["epsilon"] == pytest.approx([exact_gaussian_epsilon(SIGMA, 2, 1e-5)],
+                                              rel=1e-9)
