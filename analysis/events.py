@@ -19,6 +19,11 @@ Events
   ``ceil(steps / steps_per_epoch)`` times (every epoch started counts in full).
 * :class:`SelfComposedEvent` ``(event, count)``: ``event`` run ``count`` times, independently.
 * :class:`ComposedEvent` ``(events)``: each of ``events`` run once, in order (adaptively).
+* :class:`LaplaceEvent` ``(noise_multiplier)``: one release of a query with L1 sensitivity
+  ``S`` plus independent Laplace noise of scale ``noise_multiplier * S`` on each coordinate
+  (dp_accounting's ``LaplaceDpEvent``; pure ``1 / noise_multiplier``-DP).  Only the PATE
+  accountant (:class:`analysis.pate.PateAccountant`) analyses it; :func:`flatten` refuses it
+  (:class:`UnsupportedEventError`), so the RDP and PLD accountants refuse it before recording.
 
 All fields are validated on construction (``ValueError`` naming the field and its range) and
 events are frozen, hashable and comparable.  :func:`flatten` reduces any event to its
@@ -58,7 +63,7 @@ from analysis import _checks
 
 __all__ = [
     "ADD_OR_REMOVE_ONE", "REPLACE_ONE", "ZERO_OUT", "Atom", "ComposedEvent", "DpEvent",
-    "GaussianEvent", "IncompatibleEventsError", "PoissonSampledEvent",
+    "GaussianEvent", "IncompatibleEventsError", "LaplaceEvent", "PoissonSampledEvent",
     "SampledWithoutReplacementEvent", "SelfComposedEvent", "ShuffledEvent",
     "UnsupportedEventError", "flatten", "merge_atoms", "neighboring_relation",
     "relation_of", "to_dp_accounting",
@@ -91,6 +96,23 @@ class GaussianEvent(DpEvent):
   def __post_init__(self):
     object.__setattr__(self, "noise_multiplier",
                        _checks.check_nonnegative("noise_multiplier", self.noise_multiplier))
+
+
+@dataclasses.dataclass(frozen=True)
+class LaplaceEvent(DpEvent):
+  """One Laplace release; ``noise_multiplier`` = Laplace scale / L1 sensitivity, in (0, inf].
+
+  Pure ``1 / noise_multiplier``-DP.  Not an :class:`Atom` (atoms are Gaussian): only
+  :class:`analysis.pate.PateAccountant` composes it.
+  """
+  noise_multiplier: float
+
+  def __post_init__(self):
+    value = _checks.check_nonnegative("noise_multiplier", self.noise_multiplier)
+    if value == 0.0:
+      raise ValueError("noise_multiplier must be > 0 (a Laplace release without noise is not "
+                       "private), got 0.0.")
+    object.__setattr__(self, "noise_multiplier", value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,4 +365,6 @@ def _export(event, dpa):
     return dpa.SelfComposedDpEvent(_export(event.event, dpa), event.count)
   if isinstance(event, ComposedEvent):
     return dpa.ComposedDpEvent([_export(e, dpa) for e in event.events])
+  if isinstance(event, LaplaceEvent):
+    return dpa.LaplaceDpEvent(event.noise_multiplier)
   raise UnsupportedEventError(f"Unsupported event {event!r}.")  # pragma: no cover
