@@ -636,8 +636,8 @@ def _ls_gnmax(votes: np.ndarray, num_teachers: int, sigma: float, order: float) 
 
 def local_sensitivity_gnmax(votes, num_teachers: int, sigma: float, order: float) -> np.ndarray:
   """Bounds U^(d), d = 0..num_teachers, on the local sensitivity of :func:`rdp_gnmax` at
-  ``order`` anywhere within distance d (moved votes) of ``votes`` (PATE 2018, Algorithms 3-5
-  in closed form; module docstring).
+  ``order`` anywhere within distance d (moved votes) of ``votes`` (PATE 2018, Appendix B's
+  B_U / B_L with cell bounds instead of condition C6; module docstring).
 
   Non-decreasing in d; U^(d)(D) <= U^(d+1)(D') for neighbours; the last entry is the global
   maximum (every histogram is within num_teachers), valid for every larger d.

@@ -395,6 +395,7 @@ def _brute_local(f, teachers, classes):
 @pytest.mark.parametrize("teachers,classes,sigma,order",
                          [(10, 3, 1.0, 2.0), (10, 3, 1.0, 5.0), (9, 3, 0.7, 3.0), (14, 2, 2.0, 4.0)])
 def test_gnmax_local_sensitivity_dominates_brute_force(teachers, classes, sigma, order):
+  assert pate._gnmax_table(sigma, order, classes)[2]  # C5 holds: no fallback  # pylint: disable=protected-access
   brute, hists = _brute_local(lambda h: pate.rdp_gnmax(h, sigma, order), teachers, classes)
   ours = {h: pate.local_sensitivity_gnmax(h, teachers, sigma, order) for h in hists}
   assert max(max(v) for v in brute.values()) > 0.1  # not vacuous
@@ -429,6 +430,7 @@ def test_threshold_shifted_local_sensitivity_dominates_brute_force():
   def f(h):
     return pate.rdp_threshold(np.array(h) - shift, threshold, sigma1, order, shifted=True)
 
+  assert pate._threshold_c5(math.sqrt(2) * sigma1, order)  # pylint: disable=protected-access
   brute, hists = _brute_local(f, teachers, classes)
   assert max(max(v) for v in brute.values()) > 0.05
   for h in hists:
