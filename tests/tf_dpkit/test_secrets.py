@@ -8,6 +8,7 @@ import os
 import zipfile
 
 import numpy as np
+import pytest
 import keras
 import tensorflow as tf
 
@@ -173,3 +174,26 @@ def test_secrets_do_not_show_in_reprs_or_configs():
   assert str(NOISE_KEY) not in shown and "hidden" in repr(optimizer.dp_settings.noise_key)
   from tf_dpkit.data.poisson import PoissonSampling
   assert str(SAMPLING_SEED) not in repr(PoissonSampling(10, 0.5, 3, SAMPLING_SEED))
+
+
+
+def test_checkpointed_pipeline_iterators_hold_no_sampling_seed(tmp_path):
+  # tf.data writes an iterator's state into a checkpoint.  The shuffle pipeline's iterator
+  # saves without its seed; the Poisson pipeline, whose seed is read from a variable at every
+  # step, cannot be saved at all (a stateful read), so the seed never reaches the file either
+  # way.  Positive control: a value held in an iterator's state (a shuffle buffer) is found.
+  from tf_dpkit.data import shuffled_batches  # pylint: disable=g-import-not-at-top
+  x = np.arange(50)
+  leaky = tf.data.Dataset.from_tensors(tf.constant(SAMPLING_SEED, tf.int64)).repeat().shuffle(4)
+  shuffle = shuffled_batches((x,), 5, 2, seed=SAMPLING_SEED)
+  for name, dataset in (("leaky", leaky), ("shuffle", shuffle)):
+    iterator = iter(dataset)
+    next(iterator)
+    tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / name / "ckpt"))
+  assert _files_holding(tmp_path / "leaky", SAMPLING_SEED)
+  assert _files_holding(tmp_path / "shuffle", SAMPLING_SEED) == []
+  iterator = iter(poisson_batches((x,), expected_batch_size=5, steps=3, seed=SAMPLING_SEED))
+  next(iterator)
+  with pytest.raises(tf.errors.FailedPreconditionError, match="stateful"):
+    tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / "poisson" / "ckpt"))
+  assert _files_holding(tmp_path / "poisson", SAMPLING_SEED) == []

@@ -26,6 +26,14 @@ batch size*) and variance ``qN(1 - q)``.  :func:`poisson_batches` implements exa
   adversary does not know which examples were in which batch, and a known seed reveals every
   batch.  ``seed=None`` (the default) draws a 63-bit seed from the operating system's entropy
   source (``secrets``); pass an integer only for tests and reproducible experiments.
+  The seed is read from a variable inside the dataset's functions (``tf_dpkit.noise``), so no
+  file tf_dpkit or Keras writes holds it: iterator checkpoints of the shuffle pipeline carry no
+  seed, and those of the Poisson pipeline are refused by TensorFlow (a stateful read).  Caveat:
+  TensorFlow replaces captured variables by their values when it *serializes* a dataset graph
+  (``experimental_distribute_dataset``'s rebatching and auto-sharding, the tf.data service), so
+  such an in-memory graph holds the seed; :func:`distributed_poisson_batches` builds each
+  worker's dataset in place, without that rewrite.  Do not send Poisson pipelines to the
+  tf.data service.
 * Each element is ``(x, y, weight)`` with ``weight`` a float32 ``[b]`` vector of ones.  If a
   draw selects nobody (probability ``(1 - q)**N``), the element is a batch of size 1 holding
   example 0 with weight 0.0, so downstream code never sees a 0-size batch.  This leaves the
