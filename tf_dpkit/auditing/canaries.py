@@ -1,0 +1,189 @@
+"""White-box gradient canaries for a one-run audit of DP-SGD (Steinke, Nasr & Jagielski 2023).
+
+Construction
+------------
+The audited model is the user's classifier ``f`` (one input, ``K`` logits) with a *canary
+head*: a second input, the canary code ``c`` in R^m, and
+
+    logits(x, c) = f(x) + c @ W,        W in R^(m x K), initialised to 0, no bias.
+
+Real examples have ``c = 0``, so they never touch ``W``.  Canary ``j`` is the example
+``(x = 0, c = s e_j, y = y_j)`` with a large ``scale`` s and a label ``y_j``: its gradient on
+row ``j`` of ``W`` is ``s (p - onehot(y_j))``, which no other example's gradient touches.  With
+``s`` large its per-example gradient is far above the clip norm ``C`` and lies almost entirely
+on that row, so after per-example clipping each inclusion of canary ``j`` in a batch moves
+``W[j, y_j]`` up by about ``0.95 lr C / n`` (lr the learning rate, n the normaliser; the 0.95
+is ``(1 - p_y) / ||p - onehot(y_j)||`` with the other classes equally likely) and everything
+else about it is noise.  Such canaries are gradient canaries in otherwise unused coordinates,
+but they go through the model's real input, loss, per-example clipping, noise, normalisation
+and optimizer, so a bug in any of these shows in the audit.
+
+Each canary is *included* in the training set independently with probability 1/2
+(:func:`make_canaries`; the inclusion bits are the auditor's secret); the model trains once on
+the real data plus the included canaries, and a :class:`CanaryRecorder` records
+``W[j, y_j]`` after every step.  :func:`canary_scores` turns the record into one score per
+canary (white-box), and :func:`tf_dpkit.auditing.one_run_audit` guesses the highest scores
+"included" and the lowest "excluded" and turns the number of correct guesses into a lower
+bound on epsilon.  Any score fixed before the guesses are checked gives a valid bound.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import numpy as np
+
+from analysis import _checks
+
+SCORES = ("sum", "step_range")
+
+
+@dataclasses.dataclass(frozen=True)
+class CanarySet:
+  """``num_canaries`` canaries and which of them are included (the auditor's secret).
+
+  Attributes:
+    labels: int ``[m]``, canary ``j``'s label ``y_j`` in ``[0, num_classes)``.
+    included: bool ``[m]``, canary ``j`` is in the training set (each w.p. 1/2, independently).
+    scale: ``s > 0``, the value of a canary's code entry (its input on the canary head).
+    num_classes: ``K``, the number of logits.
+  """
+  labels: np.ndarray
+  included: np.ndarray = dataclasses.field(repr=False)
+  scale: float
+  num_classes: int
+
+  @property
+  def num_canaries(self) -> int:
+    """``m``."""
+    return int(self.labels.shape[0])
+
+  def codes(self, indices=None) -> np.ndarray:
+    """float32 ``[len(indices), m]``: ``scale * e_j`` for each canary ``j`` in ``indices``
+    (all canaries by default)."""
+    indices = np.arange(self.num_canaries) if indices is None else np.asarray(indices)
+    codes = np.zeros((indices.shape[0], self.num_canaries), np.float32)
+    codes[np.arange(indices.shape[0]), indices] = self.scale
+    return codes
+
+
+def make_canaries(num_canaries: int, num_classes: int, *, scale: float = 100.0,
+                  seed: int | None = None) -> CanarySet:
+  """``num_canaries`` canaries with uniform random labels, each included with probability 1/2.
+
+  Args:
+    num_canaries: m, an integer >= 2.
+    num_classes: K >= 2, the model's number of logits.
+    scale: s > 0 (default 100), a canary's code value; large, so that clipping binds and the
+      clipped gradient lies on the canary's own row of the head.
+    seed: ``None`` (OS entropy) or an integer seed of NumPy's generator for the labels and the
+      inclusion bits.  The bits must stay hidden from whatever is audited.
+  """
+  m = _checks.check_integer("num_canaries", num_canaries, minimum=2)
+  k = _checks.check_integer("num_classes", num_classes, minimum=2)
+  scale = _checks.check_finite_positive("scale", scale)
+  rng = np.random.default_rng(seed)
+  labels = rng.integers(0, k, size=m)
+  included = rng.random(m) < 0.5
+  return CanarySet(labels, included, scale, k)
+
+
+def training_data(x, y, canaries: CanarySet):
+  """The training set of the audited run: the real ``(x, y)`` plus the included canaries.
+
+  Returns ``((x_all, c_all), y_all)``: the real examples with canary code 0, then each
+  included canary as an all-zero ``x`` with its code ``scale e_j`` and label ``y_j`` -- the
+  two-input form :func:`canary_model` takes (e.g. for ``tf_dpkit.data.poisson_batches``).
+
+  Args:
+    x: real inputs ``[n, ...]`` (float); y: integer labels ``[n]`` in ``[0, K)``.
+    canaries: from :func:`make_canaries`.
+  """
+  x = np.asarray(x)
+  y = np.asarray(y)
+  if x.ndim < 1 or y.ndim != 1 or x.shape[0] != y.shape[0] or x.shape[0] < 1:
+    raise ValueError(f"x and y must hold the same number n >= 1 of examples (y one label per "
+                     f"example), got shapes {x.shape} and {y.shape}.")
+  inside = np.flatnonzero(canaries.included)
+  x_all = np.concatenate([x, np.zeros((inside.size,) + x.shape[1:], x.dtype)])
+  codes = np.concatenate([np.zeros((x.shape[0], canaries.num_canaries), np.float32),
+                          canaries.codes(inside)])
+  y_all = np.concatenate([y, canaries.labels[inside].astype(y.dtype)])
+  return (x_all, codes), y_all
+
+
+def canary_model(base: keras.Model, num_canaries: int, *, model_class=None) -> keras.Model:
+  """``base`` with a canary head: inputs ``[x, c]``, logits ``base(x) + c @ W`` (module doc).
+
+  Args:
+    base: a Keras model with one input and ``K`` logits ``[batch, K]``.
+    num_canaries: m, the canary code's length.
+    model_class: the class of the returned functional model; default ``tf_dpkit.DPModel``.
+
+  The head is the layer named ``"canary_head"`` (a ``Dense(K, use_bias=False)``, kernel 0).
+  """
+  m = _checks.check_integer("num_canaries", num_canaries, minimum=2)
+  if len(base.inputs) != 1 or len(base.outputs) != 1 or len(base.outputs[0].shape) != 2:
+    raise ValueError("base must be a built Keras model with one input and one output of "
+                     f"logits [batch, K]; got inputs {base.inputs} and outputs {base.outputs}.")
+  if model_class is None:
+    from tf_dpkit.models import DPModel  # pylint: disable=g-import-not-at-top
+    model_class = DPModel
+  num_classes = int(base.outputs[0].shape[-1])
+  x = keras.Input(base.inputs[0].shape[1:], name="x")
+  code = keras.Input((m,), name="canary_code")
+  head = keras.layers.Dense(num_classes, use_bias=False, kernel_initializer="zeros",
+                            name="canary_head")
+  logits = keras.layers.Add()([base(x), head(code)])
+  return model_class([x, code], logits)
+
+
+class CanaryRecorder(keras.callbacks.Callback):
+  """Records ``W[j, y_j]`` of the canary head before training and after every step.
+
+  After ``fit``, :attr:`trajectory` is float64 ``[steps + 1, m]``.
+  """
+
+  def __init__(self, canaries: CanarySet, layer_name: str = "canary_head"):
+    super().__init__()
+    self._rows = np.arange(canaries.num_canaries)
+    self._labels = canaries.labels
+    self._layer_name = layer_name
+    self._values = []
+
+  def _read(self):
+    kernel = self.model.get_layer(self._layer_name).kernel.numpy()
+    self._values.append(kernel[self._rows, self._labels].astype(np.float64))
+
+  def on_train_begin(self, logs=None):
+    if not self._values:
+      self._read()
+
+  def on_train_batch_end(self, batch, logs=None):
+    self._read()
+
+  @property
+  def trajectory(self) -> np.ndarray:
+    """``[steps + 1, m]``: row 0 before training, row t after step t."""
+    return np.array(self._values)
+
+
+def canary_scores(trajectory, score: str = "sum") -> np.ndarray:
+  """One white-box score per canary from a :class:`CanaryRecorder` trajectory.
+
+  Args:
+    trajectory: ``[steps + 1, m]`` values of ``W[j, y_j]``.
+    score: ``"sum"``: ``W_T - W_0``, the whole update along the canary's direction (the
+      sufficient statistic when every step's noise is independent); ``"step_range"``: the
+      largest minus the smallest per-step update ``W_t - W_(t-1)`` (sensitive to noise that
+      repeats across steps: it is exactly 0 for an excluded canary then).
+  """
+  score = _checks.check_choice("score", score, SCORES)
+  values = np.asarray(trajectory, np.float64)
+  if values.ndim != 2 or values.shape[0] < 2:
+    raise ValueError("trajectory must be [steps + 1, num_canaries] with steps >= 1, got shape "
+                     f"{values.shape}.")
+  if score == "sum":
+    return values[-1] - values[0]
+  steps = np.diff(values, axis=0)
+  return steps.max(axis=0) - steps.min(axis=0)
