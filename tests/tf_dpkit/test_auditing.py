@@ -41,8 +41,9 @@ def _base():
 _LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
 
-def _audited_run(kind):
-  """Trains once (correct or broken ``kind``); returns (canaries, trajectory, claimed eps)."""
+def _audited_run(kind, with_model=False):
+  """Trains once (correct or broken ``kind``); returns (canaries, trajectory, claimed eps)
+  (and the model with ``with_model``)."""
   x, y = _data()
   canaries = auditing.make_canaries(CANARIES, CLASSES, seed=1)
   (x_all, codes), y_all = auditing.training_data(x, y, canaries)
@@ -63,6 +64,8 @@ def _audited_run(kind):
   orders = rdp_accountant.DEFAULT_ORDERS
   rdp = rdp_accountant.compute_rdp(BATCH / len(y_all), SIGMA, STEPS, orders)
   claimed = rdp_accountant.get_privacy_spent(orders, rdp, target_delta=DELTA)[0]
+  if with_model:
+    return canaries, recorder.trajectory, claimed, model
   return canaries, recorder.trajectory, claimed
 
 
@@ -91,6 +94,18 @@ def test_the_audit_catches_a_broken_pipeline(kind, score):
   audit = auditing.one_run_audit(auditing.canary_scores(trajectory, score), canaries.included,
                                  GUESSES, delta=DELTA)
   assert audit.epsilon_lower_bound > claimed, (kind, audit, claimed)
+
+
+def test_black_box_scores_are_minus_the_canary_losses_and_catch_noise_off():
+  canaries, _, claimed, model = _audited_run("noise_off", with_model=True)
+  scores = auditing.black_box_scores(model, canaries, _LOSS)
+  j = 3
+  code = np.zeros((1, CANARIES), np.float32)
+  code[0, j] = canaries.scale
+  expected = -_LOSS(canaries.labels[j:j + 1], model([np.zeros((1, DIM), np.float32), code]))
+  assert scores[j] == pytest.approx(float(expected[0]), rel=1e-5)
+  audit = auditing.one_run_audit(scores, canaries.included, GUESSES, delta=DELTA)
+  assert audit.epsilon_lower_bound > claimed
 
 
 def test_canaries_touch_only_their_own_row_of_the_head():

@@ -12,7 +12,8 @@ what its accountant assumes.
     audit.epsilon_lower_bound   # must stay below the accountant's epsilon
 
 * :mod:`tf_dpkit.auditing.canaries`: white-box gradient canaries on a canary head, their
-  inclusion bits, the training data, the recorder and the scores.
+  inclusion bits, the training data, the recorder and the scores (white-box from the
+  recorded head, black-box from the canaries' losses).
 * :mod:`tf_dpkit.auditing.audits`: the one-run audit (Steinke, Nasr & Jagielski 2023), the
   many-run audit (Jagielski, Ullman & Oprea 2020) and a membership-inference report; the
   statistics are in :mod:`analysis.auditing`.
@@ -21,9 +22,10 @@ what its accountant assumes.
 from tf_dpkit.auditing import broken
 from tf_dpkit.auditing.audits import (ManyRunAudit, MembershipInferenceReport, OneRunAudit,
                                       many_run_audit, membership_inference_report, one_run_audit)
-from tf_dpkit.auditing.canaries import (CanaryRecorder, CanarySet, canary_model, canary_scores,
-                                        make_canaries, training_data)
+from tf_dpkit.auditing.canaries import (CanaryRecorder, CanarySet, black_box_scores,
+                                        canary_model, canary_scores, make_canaries,
+                                        training_data)
 
 __all__ = ["broken", "ManyRunAudit", "MembershipInferenceReport", "OneRunAudit",
            "many_run_audit", "membership_inference_report", "one_run_audit", "CanaryRecorder",
-           "CanarySet", "canary_model", "canary_scores", "make_canaries", "training_data"]
+           "CanarySet", "black_box_scores", "canary_model", "canary_scores", "make_canaries", "training_data"]

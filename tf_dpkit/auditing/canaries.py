@@ -187,3 +187,24 @@ def canary_scores(trajectory, score: str = "sum") -> np.ndarray:
     return values[-1] - values[0]
   steps = np.diff(values, axis=0)
   return steps.max(axis=0) - steps.min(axis=0)
+
+
+def black_box_scores(model: keras.Model, canaries: CanarySet, loss_fn, *,
+                     input_shape=None) -> np.ndarray:
+  """Black-box scores: minus each canary's loss under the trained ``model`` (float64 ``[m]``).
+
+  Needs only the model's outputs (no weights, no trajectory): an included canary was trained on,
+  so its loss tends to be lower.  Weaker than :func:`canary_scores` but it audits what a
+  black-box attacker sees.
+
+  Args:
+    model: the trained :func:`canary_model`.
+    canaries: the :class:`CanarySet` it was audited with.
+    loss_fn: ``f(y_true, y_pred) -> [batch]`` per-example losses.
+    input_shape: shape of one real input; default the model's first input's.
+  """
+  shape = tuple(model.inputs[0].shape[1:]) if input_shape is None else tuple(input_shape)
+  m = canaries.num_canaries
+  x = np.zeros((m,) + shape, np.float32)
+  predictions = model([x, canaries.codes()], training=False)
+  return -np.asarray(loss_fn(canaries.labels, predictions), np.float64)
