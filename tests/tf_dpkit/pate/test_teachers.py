@@ -1,0 +1,90 @@
+"""The batched teacher model is T independent models; a small PATE pipeline runs end to end."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from analysis.pate import PateAccountant
+from tf_dpkit import pate
+from tf_dpkit.data import mnist
+
+
+def test_each_teacher_sees_only_its_own_channels_and_gets_only_its_own_gradient():
+  t = 4
+  model = pate.build_teacher_model(t, (12, 12, 1), 3, conv_filters=(4, 4), hidden_units=8,
+                                   dropout=0.0)
+  x = np.random.default_rng(0).random((5, 12, 12, t)).astype(np.float32)
+  changed = x.copy()
+  changed[..., 2] += 1.0  # teacher 2's images only
+  out, out2 = model(x).numpy(), model(changed).numpy()
+  assert out.shape == (5, t, 3)
+  diff = np.abs(out - out2).max(axis=(0, 2))
+  assert diff[2] > 1e-3 and np.all(np.delete(diff, 2) == 0.0)
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(model(x)[:, 1])  # teacher 1's outputs
+  for variable, grad in zip(model.trainable_variables, tape.gradient(loss, model.trainable_variables)):
+    g = grad.numpy()
+    if variable.shape[0] == t:  # TeacherDense: [T, ...]
+      per_teacher = np.abs(g).reshape(t, -1).max(axis=1)
+    else:  # TeacherConv2D: teacher-major last axis
+      per_teacher = np.abs(g).reshape(-1, t, g.shape[-1] // t).max(axis=(0, 2))
+    assert per_teacher[1] > 0 and np.all(np.delete(per_teacher, 1) == 0.0), variable.name
+
+
+def test_fit_refuses_overlapping_or_wrong_shards():
+  ensemble = pate.TeacherEnsemble(2, (8, 8, 1), 3, conv_filters=(2,), hidden_units=0)
+  x, y = np.zeros((10, 8, 8, 1), np.float32), np.zeros(10, np.int64)
+  with pytest.raises(ValueError, match="shards must be disjoint"):
+    ensemble.fit(x, y, [np.arange(5), np.arange(4, 10)], epochs=1)
+  with pytest.raises(ValueError, match="shards must hold num_teachers=2"):
+    ensemble.fit(x, y, [np.arange(10)], epochs=1)
+  with pytest.raises(ValueError, match=r"shards must hold indices in \[0, 10\)"):
+    ensemble.fit(x, y, [np.arange(5), np.arange(5, 11)], epochs=1)
+  with pytest.raises(ValueError, match=r"epochs must be an integer in \[1, inf\]"):
+    ensemble.fit(x, y, [np.arange(5), np.arange(5, 10)], epochs=0)
+  with pytest.raises(ValueError, match=r"y must hold classes in \[0, 3\)"):
+    ensemble.fit(x, y + 3, [np.arange(5), np.arange(5, 10)], epochs=1)
+  with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
+    pate.TeacherEnsemble(2, dropout=1.0)
+
+
+def test_small_pate_pipeline_end_to_end():
+  # 8 teachers on 2,400 MNIST training images (300 each), 300 public queries, Confident GNMax
+  # with a threshold that 8 voters can reach, then a supervised student.  About 15 s.
+  (x_train, y_train), (x_test, y_test) = mnist.load()
+  shards = pate.partition_indices(2400, 8, seed=0)
+  ensemble = pate.TeacherEnsemble(8, seed=0)
+  losses = ensemble.fit(x_train[:2400], y_train[:2400], shards, epochs=8)
+  assert losses[-1] < 0.6 * losses[0]
+  accuracy = ensemble.accuracy(x_test[-500:], y_test[-500:])
+  assert accuracy.shape == (8,) and accuracy.mean() > 0.75  # chance is 0.1
+  public = x_test[:300]
+  votes = ensemble.votes(public)
+  assert votes.shape == (300, 10) and votes.num_teachers == 8 and "hidden" in repr(votes)
+  accountant = PateAccountant(num_teachers=8)
+  agg = pate.ConfidentGNMax(votes, threshold=6, sigma1=1.5, sigma2=1.0, seed=0,
+                            accountant=accountant)
+  answers = agg.query(np.arange(300))
+  assert accountant.queries == 300 and accountant.answered == answers.answered.sum()
+  assert 150 < answers.answered.sum() < 300
+  assert np.mean(answers.labels[answers.answered] == y_test[:300][answers.answered]) > 0.9
+  eps_dep, eps_ind = accountant.get_epsilon(1e-5), accountant.data_independent_epsilon(1e-5)
+  assert 0 < eps_dep <= eps_ind
+  student = pate.train_student(public[answers.answered], answers.labels[answers.answered],
+                               method="supervised", steps=150, seed=0)
+  assert pate.student.accuracy(student, x_test[-500:], y_test[-500:]) > 0.75
+  # The semi-supervised path runs and keeps the model usable.
+  student = pate.train_student(public[answers.answered], answers.labels[answers.answered],
+                               public, method="fixmatch", steps=20, seed=0, model=student)
+  assert pate.student.accuracy(student, x_test[-500:], y_test[-500:]) > 0.7
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"method": "mixup"}, r"method must be one of \['fixmatch', 'supervised'\]"),
+    ({"steps": 0}, r"steps must be an integer in \[1, inf\]"),
+    ({"confidence": 1.5}, r"confidence must be in \[0, 1\]"),
+    ({"unlabeled_weight": -1.0}, r"unlabeled_weight must be a finite number in \[0, inf\)"),
+    ({"method": "fixmatch"}, "x_unlabeled must hold public images"),
+])
+def test_student_arguments_are_checked(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    pate.train_student(np.zeros((4, 8, 8)), np.zeros(4, np.int64), **kwargs)

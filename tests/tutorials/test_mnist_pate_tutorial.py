@@ -1,0 +1,79 @@
+"""tutorials/mnist_pate_tutorial.py runs end to end on an MNIST slice (default suite) and, in
+full, reaches the issue's target (slow: `pytest -m slow`)."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from analysis import events, rdp_accountant
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "tutorials", "mnist_pate_tutorial.py")
+KEYS = {"queries", "answered", "answered_label_accuracy", "student_accuracy",
+        "epsilon_data_dependent", "epsilon_data_independent", "epsilon_smooth_sensitivity",
+        "delta"}
+SMALL = ["--train_size=1200", "--num_teachers=12", "--teacher_epochs=10", "--queries=64",
+         "--student_steps=60", "--curve_points=32", "--threshold=9", "--sigma1=3",
+         "--sigma2=2", "--public_size=600", "--eval_size=300", "--student=supervised"]
+
+
+def _run(out, *flags, timeout=600):
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+  result = subprocess.run([sys.executable, SCRIPT, f"--output_dir={out}", *flags],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  with open(os.path.join(out, "results.json")) as f:
+    return json.load(f), result.stdout
+
+
+def _independent_epsilon(results, sigma1, sigma2):
+  """Data-independent epsilon from the counts alone: every query's check is a Gaussian of
+  sensitivity 1 (multiplier sigma1); every answer a Gaussian of sensitivity sqrt(2)."""
+  event = events.ComposedEvent([
+      events.SelfComposedEvent(events.GaussianEvent(sigma1), results["queries"]),
+      events.SelfComposedEvent(events.GaussianEvent(sigma2 / math.sqrt(2)),
+                               results["answered"])])
+  return rdp_accountant.RdpAccountant().compose(event).get_epsilon(results["delta"])
+
+
+@pytest.mark.parametrize("aggregator", ["confident_gnmax", "interactive_gnmax"])
+def test_small_run_writes_results_model_and_plots(tmp_path, aggregator):
+  results, out = _run(tmp_path, f"--aggregator={aggregator}", "--noise_seed=1", *SMALL)
+  assert KEYS <= set(results)
+  assert results["queries"] == 64 and 0 < results["answered"] <= 64
+  assert results["answered_label_accuracy"] > 0.5 and results["student_accuracy"] > 0.2  # chance: 0.1
+  assert 0 < results["epsilon_data_dependent"] <= results["epsilon_data_independent"]
+  assert results["epsilon_data_independent"] == pytest.approx(
+      _independent_epsilon(results, 3.0, 2.0), rel=1e-9)
+  assert 0 < results["epsilon_smooth_sensitivity"] <= results["epsilon_data_independent"]
+  assert results["epsilon_curve"][-1]["queries"] == 64
+  assert os.path.isfile(tmp_path / "student.keras")
+  if aggregator == "interactive_gnmax":
+    assert results["student_labeled"] + results["answered"] <= 64
+  else:
+    assert [p["queries"] for p in results["accuracy_points"]] == [32, 64]
+  try:
+    import matplotlib  # noqa: F401  pylint: disable=unused-import,g-import-not-at-top
+  except ImportError:
+    assert "no plots" in out
+  else:
+    assert set(results["plots"]) == {"epsilon_vs_queries.png", "student_accuracy_vs_epsilon.png"}
+    assert all(os.path.getsize(tmp_path / p) > 1000 for p in results["plots"])
+  assert "final: aggregator=" in out
+
+
+@pytest.mark.slow
+def test_full_tutorial_reaches_the_target(tmp_path):
+  # 250 teachers on 60,000 images, Confident GNMax (200, 150, 40), 640 queries, FixMatch
+  # student: about 8 minutes on 2 cores.  Measured in tutorials/README.md: student 97.6-98.0%
+  # at data-dependent epsilon about 1.0; the issue's target is >= 95% at <= 2.0.
+  results, _ = _run(tmp_path, "--curve_points=", timeout=3000)
+  assert results["queries"] == 640
+  assert results["student_accuracy"] >= 0.95
+  assert results["epsilon_data_dependent"] <= 2.0
+  assert results["teacher_accuracy_mean"] >= 0.83
+  assert results["epsilon_data_independent"] == pytest.approx(
+      _independent_epsilon(results, 150.0, 40.0), rel=1e-9)
