@@ -2,6 +2,7 @@
 
     python benchmarks/distributed.py                      # all strategies, results/distributed.md
     python benchmarks/distributed.py --strategies=mirrored --reps=10
+    python benchmarks/distributed.py --inputs=constant --out=benchmarks/results/distributed_constant_inputs.md
 
 For each strategy a fresh process (logical devices and TF_CONFIG must be set before TensorFlow
 starts; two processes for the multi-worker case) builds the same model twice, once with a
@@ -10,7 +11,9 @@ non-private step (Keras SGD on the loss averaged over the global batch) and once
 replica function inside one ``tf.function`` on the same global batch.  It warms both up, then
 times them interleaved, step by step, so machine noise hits both alike, and reports the median
 milliseconds and their ratio.  The logical CPU devices of ``mirrored`` share the host's cores:
-the ratio is what this measures, not a speed-up.
+the ratio is what this measures, not a speed-up.  ``--inputs=constant`` feeds the same
+per-replica batches as constants made once (``experimental_distribute_values_from_function``)
+instead of a distributed ``tf.data`` iterator, to separate the cost of the input pipeline.
 """
 from __future__ import annotations
 
@@ -53,10 +56,18 @@ def _measure(config):
 
   batch = config["batch"]
   x, y = bench_models.batch_for(config["model"], batch)
-  dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
-  options = tf.data.Options()
-  options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-  batches = iter(strategy.experimental_distribute_dataset(dataset.with_options(options)))
+  if config.get("inputs", "distributed") == "distributed":
+    dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    batches = iter(strategy.experimental_distribute_dataset(dataset.with_options(options)))
+  else:  # the same per-replica slices as constants, made once: no input pipeline at all
+    def slices(context):
+      per = batch // context.num_replicas_in_sync
+      start = context.replica_id_in_sync_group * per
+      return tf.constant(x[start:start + per]), tf.constant(y[start:start + per])
+    constant = strategy.experimental_distribute_values_from_function(slices)
+    batches = iter(lambda: constant, None)
   per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
   steps = {}
   for method in ("non_private", "dp"):
@@ -116,12 +127,12 @@ def _result(proc):
   raise RuntimeError(f"benchmark child failed:\n{err[-3000:]}")
 
 
-def run(strategies, models, batch, reps, warmup):
+def run(strategies, models, batch, reps, warmup, inputs="distributed"):
   rows = []
   for model in models:
     for kind in strategies:
       config = {"strategy": kind, "model": model, "batch": batch, "reps": reps,
-                "warmup": warmup}
+                "warmup": warmup, "inputs": inputs}
       if kind == "multiworker2":
         from tf_dpkit.distribute import local_worker_addresses  # pylint: disable=g-import-not-at-top
         ports = [int(a.split(':')[1]) for a in local_worker_addresses(2)]
@@ -145,6 +156,10 @@ def main():
   parser.add_argument("--batch", type=int, default=256, help="Global batch size.")
   parser.add_argument("--reps", type=int, default=30)
   parser.add_argument("--warmup", type=int, default=3)
+  parser.add_argument("--inputs", default="distributed", choices=["distributed", "constant"],
+                      help="distributed: batches from strategy.experimental_distribute_dataset "
+                           "(what fit does); constant: the same per-replica batches made once "
+                           "as constants (no input pipeline).")
   parser.add_argument("--out", default=os.path.join(HERE, "results", "distributed.md"))
   args = parser.parse_args()
   if args.child:
@@ -154,11 +169,13 @@ def main():
   unknown = sorted(set(strategies) - set(STRATEGIES))
   if unknown:
     parser.error(f"--strategies: unknown {unknown}; choose from {list(STRATEGIES)}")
-  rows = run(strategies, args.models.split(","), args.batch, args.reps, args.warmup)
+  rows = run(strategies, args.models.split(","), args.batch, args.reps, args.warmup,
+             args.inputs)
   lines = [
       "# DP step time / non-private step time under each tf.distribute strategy", "",
       f"Command: `python benchmarks/distributed.py --strategies={','.join(strategies)} "
-      f"--models={args.models} --batch={args.batch} --reps={args.reps}`", "",
+      f"--models={args.models} --batch={args.batch} --reps={args.reps} "
+      f"--inputs={args.inputs}`", "",
       f"Host: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; global "
       "batch as given; median ms of interleaved steps; mirrored2 = 2 logical CPU devices "
       "sharing the cores, multiworker2 = 2 local worker processes (worker 0's timing).", "",
