@@ -63,6 +63,13 @@ def _run_workers(workers=2, **args):
   return [_parse(out) for out in outputs]
 
 
+def _run_under(strategy, **args):
+  """The results of every process: 2 workers, or one process with 2 Mirrored replicas."""
+  if strategy == "multiworker":
+    return _run_workers(2, **args)
+  return [_run(strategy="mirrored", replicas=2, **args)]
+
+
 def _noise_ratio(updates):
   """Std of the updates over the intended sigma C / B (lr 1, clip 1)."""
   return float(np.std(np.array(updates))) / (SIGMA / B)
@@ -218,8 +225,7 @@ def test_distributed_poisson_noise_is_one_gaussian_over_the_expected_batch(strat
   # Loss identically zero: the update is the noise, std sigma C / (qN) = sigma / B.
   from analysis import rdp_accountant  # pylint: disable=g-import-not-at-top
   args = dict(mode="poisson_fit", distributed=True, steps=steps)
-  results = (_run_workers(2, **args) if strategy == "multiworker"
-             else [_run(strategy="mirrored", replicas=2, **args)])
+  results = _run_under(strategy, **args)
   for result in results:
     assert not isinstance(result, str), result
     assert _noise_ratio(result["updates"]) == pytest.approx(1.0, abs=tolerance)
@@ -291,11 +297,7 @@ def test_distributed_poisson_batches_checks_its_arguments():
 def test_privacy_budget_counts_global_steps_once(strategy):
   from dp_references import exact_gaussian_epsilon  # pylint: disable=g-import-not-at-top
   args = dict(mode="budget_fit", steps=10, loss="mse")
-  if strategy == "mirrored":
-    results = [_run(strategy="mirrored", replicas=2, **args)]
-  else:
-    results = _run_workers(2, **args)
-  for result in results:  # every worker logs the same epsilon, of the global steps
+  for result in _run_under(strategy, **args):  # every worker logs the same epsilon, of the global steps
     assert not isinstance(result, str), result
     assert result["iterations"] == result["ledger_steps"] == 10
     assert result["epsilon"] == pytest.approx(
@@ -326,8 +328,7 @@ def test_backup_and_restore_resumes_the_ledger_under_a_strategy(strategy):
   # logs the epsilon of 3 and 4 epochs (shuffled batches: the Gaussian once per epoch).
   from dp_references import exact_gaussian_epsilon  # pylint: disable=g-import-not-at-top
   args = dict(mode="backup", steps=16, loss="mse")
-  results = (_run_workers(2, **args) if strategy == "multiworker"
-             else [_run(strategy="mirrored", replicas=2, **args)])
+  results = _run_under(strategy, **args)
   for result in results:
     assert not isinstance(result, str), result
     assert result["epochs"] == [2, 3]
@@ -342,8 +343,7 @@ def test_noise_key_reaches_no_file_under_a_strategy(strategy):
   # checkpoint byte holds it; the control file written with it is found, so the search works.
   seed = 3141592653589793
   args = dict(mode="secrets", seed=seed, steps=2, loss="mse")
-  results = (_run_workers(2, **args) if strategy == "multiworker"
-             else [_run(strategy="mirrored", replicas=2, **args)])
+  results = _run_under(strategy, **args)
   for found in results:
     assert found == ["control.bin"], found
 
@@ -352,8 +352,7 @@ def test_noise_key_reaches_no_file_under_a_strategy(strategy):
 def test_ledger_resumes_through_a_keras_file_under_a_strategy(strategy):
   from dp_references import exact_gaussian_epsilon  # pylint: disable=g-import-not-at-top
   args = dict(mode="resume", steps=10, loss="mse")
-  results = (_run_workers(2, **args) if strategy == "multiworker"
-             else [_run(strategy="mirrored", replicas=2, **args)])
+  results = _run_under(strategy, **args)
   for result in results:
     assert not isinstance(result, str), result
     assert result["iterations"] == 10

@@ -484,20 +484,28 @@ def poisson_batches(data, *, sampling_probability: float | None = None,
     TypeError: ``data`` holds a list, ``None``, a ragged or sparse tensor, or something not
       convertible to a tensor (for a dataset: a component that is not a dense tensor).
   """
+  _check_one_rate(sampling_probability, expected_batch_size)
+  structure, n = _as_structure(data)
+  sampling = _sampling(n, sampling_probability, expected_batch_size, steps, seed)
+  return sampling._dataset(structure)  # pylint: disable=protected-access
+
+
+def _check_one_rate(sampling_probability, expected_batch_size) -> None:
   if (sampling_probability is None) == (expected_batch_size is None):
     raise ValueError("Give exactly one of sampling_probability (q in (0, 1]) and "
                      "expected_batch_size (qN in (0, N]); got "
                      f"sampling_probability={sampling_probability!r}, "
                      f"expected_batch_size={expected_batch_size!r}.")
-  structure, n = _as_structure(data)
+
+
+def _sampling(n, sampling_probability, expected_batch_size, steps, seed) -> PoissonSampling:
+  """The :class:`PoissonSampling` of ``n`` examples at the one rate given (secret seed if None)."""
   if seed is None:
     seed = secret_seed()
   if expected_batch_size is not None:
-    sampling = PoissonSampling.from_expected_batch_size(n, expected_batch_size, steps=steps,
-                                                        seed=seed)
-  else:
-    sampling = PoissonSampling(n, sampling_probability, steps, seed)
-  return sampling._dataset(structure)  # pylint: disable=protected-access
+    return PoissonSampling.from_expected_batch_size(n, expected_batch_size, steps=steps,
+                                                    seed=seed)
+  return PoissonSampling(n, sampling_probability, steps, seed)
 
 
 def distributed_poisson_batches(strategy, data, *, sampling_probability: float | None = None,
@@ -557,21 +565,11 @@ def distributed_poisson_batches(strategy, data, *, sampling_probability: float |
     NotImplementedError: a strategy DP-SGD does not support (:mod:`tf_dpkit.distribute`).
   """
   distribute.check_strategy(strategy, "distributed_poisson_batches")
-  if (sampling_probability is None) == (expected_batch_size is None):
-    raise ValueError("Give exactly one of sampling_probability (q in (0, 1]) and "
-                     "expected_batch_size (qN in (0, N]); got "
-                     f"sampling_probability={sampling_probability!r}, "
-                     f"expected_batch_size={expected_batch_size!r}.")
+  _check_one_rate(sampling_probability, expected_batch_size)
   structure, local_n = _as_structure(data)
   sharded = num_examples is not None
   n = _checks.check_integer("num_examples", num_examples, minimum=local_n) if sharded else local_n
-  if seed is None:
-    seed = secret_seed()
-  if expected_batch_size is not None:
-    whole = PoissonSampling.from_expected_batch_size(n, expected_batch_size, steps=steps,
-                                                     seed=seed)
-  else:
-    whole = PoissonSampling(n, sampling_probability, steps, seed)
+  whole = _sampling(n, sampling_probability, expected_batch_size, steps, seed)
   # The draws over the examples this worker holds: all N, or its shard.
   local = dataclasses.replace(whole, num_examples=local_n) if sharded else whole
   replicas = int(strategy.num_replicas_in_sync)
