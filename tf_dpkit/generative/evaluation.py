@@ -1,0 +1,215 @@
+"""Evaluating generators: TSTR accuracy, a Frechet distance on MNIST features, sample grids.
+
+These numbers use real data (the test set; for the feature extractor, the real training
+images) and are NOT covered by the generator's differential-privacy guarantee: they are
+reported for evaluation only.
+
+* :func:`tstr_accuracy` -- "train on synthetic, test on real": a classifier (Flatten ->
+  Dense(256, ReLU) -> Dense(K)) is trained on labelled synthetic images and its accuracy on the
+  real test set is returned, in [0, 1].
+* :func:`frechet_distance` -- ``||mu_a - mu_b||^2 + Tr(S_a + S_b - 2 (S_a S_b)^{1/2})``
+  between Gaussians fitted (mean, covariance with ``n - 1``) to the features of two image sets,
+  the FID formula of Heusel et al. 2017 with Inception replaced by an MNIST classifier.
+  Features: the 128-unit penultimate layer (``Dense(128, ReLU)``, named ``"features"``) of
+  :func:`mnist_feature_extractor`'s CNN ``Conv(32, 3, ReLU) -> MaxPool(2) -> Conv(64, 3, ReLU)
+  -> MaxPool(2) -> Flatten -> Dense(128, ReLU) -> Dense(10)``, trained on real MNIST.  Units:
+  squared feature units; 0 for identical distributions.
+* :func:`save_sample_grid` -- a PNG of images tiled in a grid (matplotlib).
+"""
+from __future__ import annotations
+
+import hashlib
+import warnings
+
+import numpy as np
+
+from analysis import _checks
+
+_FEATURE_CACHE: dict = {}
+
+
+def _images(name, x):
+  x = np.asarray(x, np.float32)
+  if x.ndim < 2 or x.shape[0] < 1:
+    raise ValueError(f"{name} must be a non-empty batch of images [n, ...], got shape {x.shape}.")
+  return x
+
+
+def _labels(name, y, n, num_classes):
+  y = np.asarray(y)
+  if y.shape != (n,) or not np.issubdtype(y.dtype, np.integer):
+    raise ValueError(f"{name} must be {n} integer labels, got {y.dtype} {y.shape}.")
+  if n and (y.min() < 0 or y.max() >= num_classes):
+    raise ValueError(f"{name} must hold labels in [0, {num_classes}), got values in "
+                     f"[{y.min()}, {y.max()}].")
+  return y.astype(np.int32)
+
+
+def tstr_accuracy(x_synthetic, y_synthetic, x_test, y_test, *, num_classes=10, epochs=10,
+                  batch_size=128, learning_rate=1e-3, seed=0) -> float:
+  """Train-on-synthetic, test-on-real accuracy in [0, 1].
+
+  Args:
+    x_synthetic, y_synthetic: ``[n, ...]`` images and ``[n]`` integer labels in ``[0, K)``.
+    x_test, y_test: the real test images (same image shape) and labels.
+    num_classes: K >= 2; epochs, batch_size: integers >= 1; learning_rate: > 0 (Adam).
+    seed: integer seed of the classifier's initialisation and shuffling
+      (``keras.utils.set_random_seed``, which also reseeds Python, NumPy and TensorFlow).
+  """
+  import keras  # pylint: disable=g-import-not-at-top
+  num_classes = _checks.check_integer("num_classes", num_classes, minimum=2)
+  epochs = _checks.check_integer("epochs", epochs, minimum=1)
+  batch_size = _checks.check_integer("batch_size", batch_size, minimum=1)
+  learning_rate = _checks.check_finite_positive("learning_rate", learning_rate)
+  seed = _checks.check_integer("seed", seed, minimum=0)
+  x_synthetic, x_test = _images("x_synthetic", x_synthetic), _images("x_test", x_test)
+  if x_synthetic.shape[1:] != x_test.shape[1:]:
+    raise ValueError(f"x_synthetic images have shape {x_synthetic.shape[1:]}, x_test "
+                     f"{x_test.shape[1:]}.")
+  y_synthetic = _labels("y_synthetic", y_synthetic, len(x_synthetic), num_classes)
+  y_test = _labels("y_test", y_test, len(x_test), num_classes)
+  keras.utils.set_random_seed(seed)
+  model = keras.Sequential([
+      keras.Input(x_synthetic.shape[1:]), keras.layers.Flatten(),
+      keras.layers.Dense(256, activation="relu"), keras.layers.Dense(num_classes)])
+  model.compile(optimizer=keras.optimizers.Adam(learning_rate),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=["accuracy"])
+  model.fit(x_synthetic, y_synthetic, epochs=epochs, batch_size=batch_size, verbose=0)
+  return float(model.evaluate(x_test, y_test, batch_size=1000, verbose=0)[1])
+
+
+def _fingerprint(*arrays):
+  digest = hashlib.sha256()
+  for a in arrays:
+    a = np.ascontiguousarray(a)
+    digest.update(str((a.dtype, a.shape)).encode())
+    digest.update(a.tobytes())
+  return digest.hexdigest()
+
+
+def mnist_feature_extractor(x_train=None, y_train=None, *, epochs=2, seed=0):
+  """The penultimate-layer feature model of a CNN trained on real MNIST (cached in memory).
+
+  The CNN and its 128-d ``"features"`` layer are described in the module docstring; it is
+  trained with Adam (learning rate 1e-3, batch 128) for ``epochs`` epochs after
+  ``keras.utils.set_random_seed(seed)``, so a given ``(data, epochs, seed)`` gives the same
+  weights (on one machine and TensorFlow build).  The result is cached for the life of the
+  process by (data fingerprint, epochs, seed): the classifier is trained once.
+
+  Args:
+    x_train, y_train: float images ``[n, 28, 28, 1]`` in [0, 1] and labels; default: the full
+      real MNIST training set (``tf_dpkit.data.mnist.load()``).
+    epochs: integer >= 1; seed: integer >= 0.
+
+  Returns:
+    ``(feature_model, test_accuracy)``: a Keras model ``images -> [n, 128]`` and the classifier's
+    accuracy on the real MNIST test set (None when ``x_train`` is given: no test set is read).
+  """
+  import keras  # pylint: disable=g-import-not-at-top
+  epochs = _checks.check_integer("epochs", epochs, minimum=1)
+  seed = _checks.check_integer("seed", seed, minimum=0)
+  x_test = y_test = None
+  if x_train is None:
+    if y_train is not None:
+      raise ValueError("y_train was given without x_train.")
+    from tf_dpkit.data import mnist  # pylint: disable=g-import-not-at-top
+    (x_train, y_train), (x_test, y_test) = mnist.load()
+    x_train = (x_train.astype(np.float32) / 255.0)[..., None]
+    x_test = (x_test.astype(np.float32) / 255.0)[..., None]
+  x_train = _images("x_train", x_train)
+  y_train = _labels("y_train", y_train, len(x_train), 10)
+  key = (_fingerprint(x_train, y_train), epochs, seed)
+  if key in _FEATURE_CACHE:
+    return _FEATURE_CACHE[key]
+  keras.utils.set_random_seed(seed)
+  inputs = keras.Input(x_train.shape[1:])
+  h = keras.layers.Conv2D(32, 3, activation="relu")(inputs)
+  h = keras.layers.MaxPooling2D(2)(h)
+  h = keras.layers.Conv2D(64, 3, activation="relu")(h)
+  h = keras.layers.MaxPooling2D(2)(h)
+  h = keras.layers.Flatten()(h)
+  features = keras.layers.Dense(128, activation="relu", name="features")(h)
+  classifier = keras.Model(inputs, keras.layers.Dense(10)(features))
+  classifier.compile(optimizer=keras.optimizers.Adam(1e-3),
+                     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                     metrics=["accuracy"])
+  classifier.fit(x_train, y_train, epochs=epochs, batch_size=128, verbose=0)
+  accuracy = None
+  if x_test is not None:
+    accuracy = float(classifier.evaluate(x_test, y_test.astype(np.int32), batch_size=1000,
+                                         verbose=0)[1])
+  result = (keras.Model(inputs, features, name="mnist_features"), accuracy)
+  _FEATURE_CACHE[key] = result
+  return result
+
+
+def clear_feature_cache():
+  """Forgets the cached feature extractors."""
+  _FEATURE_CACHE.clear()
+
+
+def frechet_distance_from_features(features_a, features_b) -> float:
+  """``||mu_a - mu_b||^2 + Tr(S_a + S_b - 2 (S_a S_b)^{1/2})`` for feature rows ``[n, d]``.
+
+  Means and covariances (``n - 1`` normalisation) in float64; the matrix square root is
+  ``scipy.linalg.sqrtm``'s, real part (imaginary round-off dropped).  Each set needs n >= 2.
+  """
+  import scipy.linalg  # pylint: disable=g-import-not-at-top
+  a, b = np.asarray(features_a, np.float64), np.asarray(features_b, np.float64)
+  for name, f in (("features_a", a), ("features_b", b)):
+    if f.ndim != 2 or f.shape[0] < 2:
+      raise ValueError(f"{name} must be [n >= 2, d] feature rows, got shape {f.shape}.")
+  if a.shape[1] != b.shape[1]:
+    raise ValueError(f"features_a has {a.shape[1]} features per row, features_b {b.shape[1]}.")
+  mu_a, mu_b = a.mean(0), b.mean(0)
+  cov_a, cov_b = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
+  with warnings.catch_warnings():  # singular products (dead ReLU units) are fine here
+    warnings.simplefilter("ignore")
+    root = scipy.linalg.sqrtm(cov_a @ cov_b)
+  root = np.real(root)
+  value = float(np.sum((mu_a - mu_b) ** 2) + np.trace(cov_a + cov_b - 2.0 * root))
+  return max(value, 0.0)
+
+
+def frechet_distance(x_a, x_b, feature_model) -> float:
+  """Frechet distance between two image sets in ``feature_model``'s feature space (>= 0).
+
+  ``feature_model``: e.g. the first element of :func:`mnist_feature_extractor`'s result.
+  """
+  x_a, x_b = _images("x_a", x_a), _images("x_b", x_b)
+  fa = feature_model.predict(x_a, batch_size=1000, verbose=0)
+  fb = feature_model.predict(x_b, batch_size=1000, verbose=0)
+  return frechet_distance_from_features(fa, fb)
+
+
+def save_sample_grid(images, path, *, columns=10, title=None):
+  """Saves ``images`` (``[n, H, W]`` or ``[n, H, W, 1]``, values in [0, 1]) as a PNG grid.
+
+  Row-major tiling, ``columns`` per row (integer >= 1), 1-pixel gaps; values are clipped to
+  [0, 1] and drawn in grey scale.  Returns ``path``.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  columns = _checks.check_integer("columns", columns, minimum=1)
+  images = _images("images", images)
+  if images.ndim == 4 and images.shape[-1] == 1:
+    images = images[..., 0]
+  if images.ndim != 3:
+    raise ValueError(f"images must be [n, H, W] or [n, H, W, 1], got shape {images.shape}.")
+  n, h, w = images.shape
+  rows = -(-n // columns)
+  grid = np.ones((rows * (h + 1) + 1, columns * (w + 1) + 1), np.float32)
+  for i, img in enumerate(np.clip(images, 0.0, 1.0)):
+    r, c = divmod(i, columns)
+    grid[1 + r * (h + 1):1 + r * (h + 1) + h, 1 + c * (w + 1):1 + c * (w + 1) + w] = img
+  fig = plt.figure(figsize=(columns * 0.6 + 0.2, rows * 0.6 + (0.5 if title else 0.2)))
+  ax = fig.add_axes([0, 0, 1, 0.92 if title else 1])
+  ax.imshow(grid, cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
+  ax.axis("off")
+  if title:
+    fig.suptitle(title, fontsize=8)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
