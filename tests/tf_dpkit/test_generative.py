@@ -1,0 +1,315 @@
+"""tf_dpkit.generative: what DP-GAN clips and noises, what the generator sees, accounting,
+budget, secrets, refusals, and a tiny end-to-end run with evaluation helpers."""
+import inspect
+import json
+import math
+import os
+import zipfile
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_dpkit import generative
+from tf_dpkit.budget import PrivacyAccountant
+from tf_dpkit.generative import DPGAN, mlp_discriminator, mlp_generator
+
+SHAPE = (4, 4, 1)
+LATENT = 3
+NOISE_KEY = 0x2F3A5B7C9D1E4F61
+SAMPLING_SEED = 0x1B2C3D4E5F607182
+
+
+def _models(num_classes=None, seed=0):
+  keras.utils.set_random_seed(seed)
+  g = mlp_generator(LATENT, num_classes, SHAPE, hidden=(8,))
+  d = mlp_discriminator(num_classes, SHAPE, hidden=(8,))
+  return g, d
+
+
+def _gan(num_classes=None, **kwargs):
+  g, d = _models(num_classes, kwargs.pop("model_seed", 0))
+  settings = dict(latent_dim=LATENT, num_classes=num_classes, l2_norm_clip=0.05,
+                  noise_multiplier=0.0, expected_batch_size=4.0, optimizer="sgd",
+                  discriminator_learning_rate=1.0, generator_learning_rate=0.1,
+                  clip_fake_examples=False, noise_seed=1)
+  settings.update(kwargs)
+  return DPGAN(g, d, **settings)
+
+
+def _data(n=8, seed=0):
+  rng = np.random.default_rng(seed)
+  return rng.uniform(size=(n,) + SHAPE).astype(np.float32), rng.integers(0, 3, n)
+
+
+def _weights(model):
+  return [v.numpy().copy() for v in model.trainable_variables]
+
+
+def _expected_discriminator_update(gan, x, weight=None):
+  """(sum_i clip_C(grad of the real term of example i)) / qN + mean fake gradient."""
+  d, g = gan.discriminator, gan.generator
+  rng = tf.random.Generator.from_seed(gan.seed)  # the same public draws as the GAN's first
+  z = rng.normal([gan.fake_batch_size, gan.latent_dim])
+  x_fake = g(z, training=False)
+  variables = d.trainable_variables
+  total = [tf.zeros_like(v) for v in variables]
+  weight = np.ones(len(x)) if weight is None else weight
+  for xi, wi in zip(x, weight):
+    with tf.GradientTape() as tape:
+      loss = wi * tf.math.softplus(-d(xi[None], training=True))[0, 0]
+    grads = tape.gradient(loss, variables)
+    norm = tf.linalg.global_norm(grads)
+    factor = tf.minimum(1.0, gan.l2_norm_clip / tf.maximum(norm, 1e-12))
+    total = [t + factor * gr for t, gr in zip(total, grads)]
+  with tf.GradientTape() as tape:
+    fake = tf.reduce_mean(tf.math.softplus(d(x_fake, training=True)))
+  fake_grads = tape.gradient(fake, variables)
+  return [t / gan.expected_batch_size + f for t, f in zip(total, fake_grads)]
+
+
+def test_only_real_gradients_are_clipped_and_noised():
+  gan = _gan()
+  x, _ = _data(5)
+  before = _weights(gan.discriminator)
+  expected = _expected_discriminator_update(gan, x)
+  logs = gan.discriminator_step(x)
+  assert float(logs["median_real_grad_norm"]) > gan.l2_norm_clip  # clipping is active
+  for b, a, e in zip(before, _weights(gan.discriminator), expected):
+    np.testing.assert_allclose(b - a, e.numpy(), rtol=1e-4, atol=1e-6)  # SGD, learning rate 1
+  # Sensitivity: changing one real example moves the update by at most C / qN.
+  gan_a, gan_b = _gan(), _gan()
+  x2 = x.copy()
+  x2[2] = 1.0 - x2[2]
+  gan_a.discriminator_step(x)
+  gan_b.discriminator_step(x2)
+  diff = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(_weights(gan_a.discriminator),
+                                                          _weights(gan_b.discriminator))))
+  assert 0 < diff <= gan.l2_norm_clip / gan.expected_batch_size * (1 + 1e-5)
+
+
+def test_discriminator_noise_has_the_dp_sgd_scale():
+  sigma = 3.0
+  quiet, noisy = _gan(), _gan(noise_multiplier=sigma, noise_seed=7)
+  x, _ = _data(5)
+  quiet.discriminator_step(x)
+  noisy.discriminator_step(x)
+  diff = np.concatenate([(a - b).ravel() for a, b in zip(_weights(quiet.discriminator),
+                                                         _weights(noisy.discriminator))])
+  # Noise N(0, (sigma C)^2) on the clipped sum, divided by qN, times learning rate 1.
+  want = sigma * quiet.l2_norm_clip / quiet.expected_batch_size
+  assert diff.std() == pytest.approx(want, rel=0.15)
+  assert abs(diff.mean()) < 4 * want / math.sqrt(diff.size)
+
+
+def test_generator_step_never_reads_private_data():
+  assert list(inspect.signature(DPGAN.generator_step).parameters) == ["self"]
+  gan_a, gan_b = _gan(noise_multiplier=1.0), _gan(noise_multiplier=1.0, noise_seed=2)
+  x, _ = _data(5)
+  x2 = x.copy()
+  x2[0] = 1.0 - x2[0]  # neighbouring data set: one example changed
+  gan_a.discriminator_step(x)
+  gan_b.discriminator_step(x2)
+  assert any(not np.allclose(a, b) for a, b in zip(_weights(gan_a.discriminator),
+                                                   _weights(gan_b.discriminator)))
+  for va, vb in zip(gan_a.discriminator.trainable_variables,
+                    gan_b.discriminator.trainable_variables):
+    vb.assign(va)  # the same discriminator
+  gan_a.generator_step()
+  gan_b.generator_step()
+  for a, b in zip(_weights(gan_a.generator), _weights(gan_b.generator)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_accountant_counts_discriminator_steps_only():
+  gan = _gan(noise_multiplier=1.2, discriminator_steps=3)
+  x, _ = _data(40)
+  result = gan.fit(x, generator_steps=4, sampling_seed=1, verbose=False)
+  assert gan.accountant.steps == 12 == result["discriminator_steps"]
+  assert result["generator_steps"] == 4 and not result["stopped_by_budget"]
+  reference = PrivacyAccountant(1e-5)
+  reference.record(4.0 / 40, 1.2, 12)
+  assert result["epsilon"] == pytest.approx(reference.epsilon(), rel=1e-12)
+  ledger = gan.discriminator_optimizer.privacy_ledger.numpy()
+  assert ledger[0, 3] == 12 and ledger[0, 1] == pytest.approx(0.1)
+  assert int(gan.discriminator_optimizer.iterations.numpy()) == 12
+  assert int(gan.generator_optimizer.iterations.numpy()) == 4
+
+
+def test_budget_stops_training():
+  gan = _gan(noise_multiplier=1.0, discriminator_steps=2)
+  x, _ = _data(40)
+  target = 3.0
+  result = gan.fit(x, generator_steps=1000, target_epsilon=target, sampling_seed=1,
+                   log_every=1000, verbose=False)
+  assert result["stopped_by_budget"]
+  steps = gan.accountant.steps
+  assert steps == 2 * result["generator_steps"] and steps < 2000
+  assert result["epsilon"] <= target
+  more = PrivacyAccountant(1e-5)
+  more.record(0.1, 1.0, steps + 2)
+  assert more.epsilon() > target  # one more iteration would exceed the budget
+  with pytest.raises(ValueError, match="target_epsilon"):
+    gan.fit(x, generator_steps=5, target_epsilon=target, verbose=False)
+  with pytest.raises(ValueError, match="noise_multiplier=0"):
+    _gan().fit(x, generator_steps=1, target_epsilon=5.0, verbose=False)
+
+
+def _patterns(value):
+  out, v = bytearray(), value
+  while True:
+    byte, v = v & 0x7F, v >> 7
+    out.append(byte | (0x80 if v else 0))
+    if not v:
+      break
+  return [value.to_bytes(8, "little"), value.to_bytes(8, "big"), bytes(out), str(value).encode()]
+
+
+def _all_bytes(path):
+  data = [open(path, "rb").read()]
+  if zipfile.is_zipfile(path):
+    with zipfile.ZipFile(path) as archive:
+      data += [archive.read(name) for name in archive.namelist()]
+  return data
+
+
+def test_noise_key_and_sampling_seed_are_not_saved(tmp_path):
+  gan = _gan(num_classes=3, noise_multiplier=1.0, noise_seed=NOISE_KEY)
+  x, y = _data(20)
+  gan.fit(x, y, generator_steps=2, sampling_seed=SAMPLING_SEED, verbose=False)
+  path = str(tmp_path / "generator.keras")
+  gan.generator.save(path)
+  config = json.dumps(gan.get_config()).encode()
+  for secret in (NOISE_KEY, SAMPLING_SEED):
+    for blob in _all_bytes(path) + [config]:
+      for pattern in _patterns(secret):
+        assert pattern not in blob
+  control = tmp_path / "control.bin"  # positive control: the search finds a written key
+  control.write_bytes(b"xx" + NOISE_KEY.to_bytes(8, "little"))
+  assert any(NOISE_KEY.to_bytes(8, "little") in b for b in _all_bytes(str(control)))
+  assert "noise_seed" not in gan.get_config()
+
+
+def test_batch_normalization_in_discriminator_is_refused():
+  g, _ = _models()
+  inputs = keras.Input(SHAPE)
+  h = keras.layers.Flatten()(inputs)
+  h = keras.layers.BatchNormalization()(keras.layers.Dense(8)(h))
+  d = keras.Model(inputs, keras.layers.Dense(1)(h))
+  with pytest.raises(ValueError, match="discriminator layer .* BatchNormalization"):
+    DPGAN(g, d, latent_dim=LATENT, noise_multiplier=1.0, expected_batch_size=4)
+
+
+def test_gradient_penalty_is_refused():
+  g, d = _models()
+  with pytest.raises(ValueError, match="gradient_penalty is not supported.*mix real and fake"):
+    DPGAN(g, d, latent_dim=LATENT, loss="wasserstein", noise_multiplier=1.0,
+          expected_batch_size=4, gradient_penalty=10.0)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"latent_dim": 5}, "latent_dim=5 does not match"),
+    ({"latent_dim": 0}, r"latent_dim must be an integer in \[1, inf\]"),
+    ({"num_classes": 3}, "generator must take"),
+    ({"loss": "hinge"}, "loss must be one of"),
+    ({"l2_norm_clip": 0.0}, r"l2_norm_clip must be a finite number in \(0, inf\)"),
+    ({"noise_multiplier": -1.0}, r"noise_multiplier must be a finite number in \[0, inf\)"),
+    ({"expected_batch_size": 0}, r"expected_batch_size must be a finite number in \(0, inf\)"),
+    ({"discriminator_steps": 0}, r"discriminator_steps must be an integer in \[1, inf\]"),
+    ({"discriminator_learning_rate": float("nan")}, "discriminator_learning_rate must be"),
+    ({"weight_clip": -0.1}, r"weight_clip must be a finite number in \(0, inf\)"),
+    ({"optimizer": "adagrad"}, "optimizer must be one of"),
+    ({"beta_1": 1.0}, r"beta_1 must be in \[0, 1\)"),
+    ({"method": "magic"}, "method must be one of"),
+    ({"delta": 0.0}, r"delta must be in \(0, 1\)"),
+])
+def test_bad_settings_name_the_argument(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    _gan(**kwargs)
+
+
+def test_bad_fit_arguments_name_the_argument():
+  gan = _gan(num_classes=3, noise_multiplier=1.0)
+  x, y = _data(8)
+  for kwargs, match in [
+      ({"generator_steps": 0}, r"generator_steps must be an integer in \[1, inf\]"),
+      ({"generator_steps": 1, "target_epsilon": -1.0}, "target_epsilon must be > 0"),
+      ({"generator_steps": 1, "log_every": 0}, "log_every must be"),
+  ]:
+    with pytest.raises(ValueError, match=match):
+      gan.fit(x, y, verbose=False, **kwargs)
+  with pytest.raises(ValueError, match="y .* is required"):
+    gan.fit(x, generator_steps=1, verbose=False)
+  with pytest.raises(ValueError, match=r"y must hold labels in \[0, 3\)"):
+    gan.fit(x, y + 5, generator_steps=1, verbose=False)
+  with pytest.raises(ValueError, match="x must have shape"):
+    gan.fit(x[:, :2], y, generator_steps=1, verbose=False)
+  with pytest.raises(ValueError, match=r"expected_batch_size must be in \(0, N=3\]"):
+    gan.fit(x[:3], y[:3], generator_steps=1, verbose=False)
+
+
+def test_wasserstein_clips_weights():
+  gan = _gan(loss="wasserstein", weight_clip=0.02, noise_multiplier=1.0,
+             discriminator_learning_rate=0.5)
+  x, _ = _data(40)
+  gan.fit(x, generator_steps=2, sampling_seed=3, verbose=False)
+  assert max(np.abs(w).max() for w in _weights(gan.discriminator)) <= 0.02 + 1e-7
+  assert _gan(loss="wasserstein").weight_clip == 0.01 and _gan().weight_clip is None
+
+
+def test_tiny_end_to_end_conditional(tmp_path):
+  gan = _gan(num_classes=3, noise_multiplier=0.8, optimizer="adam", clip_fake_examples=True,
+             discriminator_learning_rate=1e-3, generator_learning_rate=1e-3,
+             discriminator_steps=2, noise_seed=None)
+  x, y = _data(50)
+  logs = []
+  result = gan.fit(x, y, generator_steps=6, target_epsilon=50.0, sampling_seed=5, log_every=3,
+                   callback=logs.append, verbose=False)
+  assert [entry["generator_step"] for entry in logs] == [3, 6]
+  assert logs[-1]["epsilon"] == pytest.approx(result["epsilon"])
+  assert 0 < result["epsilon"] <= 50.0
+  path = str(tmp_path / "g.keras")
+  gan.generator.save(path)
+  loaded = keras.models.load_model(path, compile=False)
+  images, labels = generative.sample(loaded, 7, seed=3)
+  assert images.shape == (7,) + SHAPE and images.min() >= 0 and images.max() <= 1
+  np.testing.assert_array_equal(labels, [0, 1, 2, 0, 1, 2, 0])
+  again, _ = generative.sample(gan.generator, 7, seed=3)
+  np.testing.assert_allclose(images, again, atol=1e-6)
+  with pytest.raises(ValueError, match="labels must be"):
+    generative.sample(loaded, 2, labels=[0, 3])
+  png = generative.save_sample_grid(images, str(tmp_path / "grid.png"), columns=3, title="t")
+  assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+  accuracy = generative.tstr_accuracy(images, labels, x, y, num_classes=3, epochs=1)
+  assert 0.0 <= accuracy <= 1.0
+
+
+def test_frechet_distance_closed_form():
+  rng = np.random.default_rng(0)
+  a = rng.normal(size=(20000, 3))
+  shift = np.array([1.0, 0.0, 2.0])
+  # Same covariance (I), means differ by `shift`: distance ||shift||^2 = 5.
+  assert generative.frechet_distance_from_features(a, a + shift) == pytest.approx(5.0, rel=1e-6)
+  b = rng.normal(size=(20000, 3)) * 2.0  # covariance 4I: Tr(I + 4I - 2*2I) = 3
+  assert generative.frechet_distance_from_features(a, b) == pytest.approx(3.0, rel=0.05)
+  with pytest.raises(ValueError, match="features_a must be"):
+    generative.frechet_distance_from_features(a[:1], b)
+
+
+def test_mnist_feature_extractor_is_cached_and_deterministic():
+  rng = np.random.default_rng(0)
+  x = rng.uniform(size=(256, 28, 28, 1)).astype(np.float32)
+  y = rng.integers(0, 10, 256)
+  generative.clear_feature_cache()
+  first, accuracy = generative.mnist_feature_extractor(x, y, epochs=1, seed=3)
+  assert accuracy is None
+  assert generative.mnist_feature_extractor(x, y, epochs=1, seed=3)[0] is first  # cached
+  generative.clear_feature_cache()
+  second, _ = generative.mnist_feature_extractor(x, y, epochs=1, seed=3)
+  assert second is not first
+  f1, f2 = first.predict(x[:64], verbose=0), second.predict(x[:64], verbose=0)
+  assert f1.shape == (64, 128)
+  np.testing.assert_allclose(f1, f2, rtol=1e-5, atol=1e-6)
+  assert generative.frechet_distance(x[:64], x[:64], first) == pytest.approx(0.0, abs=1e-3)
+  generative.clear_feature_cache()

@@ -1,0 +1,35 @@
+"""tutorials/mnist_dpgan_tutorial.py on a small MNIST slice: its outputs and their contents."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(tmp_path, epsilon):
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+  cmd = [sys.executable, os.path.join(ROOT, "tutorials", "mnist_dpgan_tutorial.py"),
+         f"--output_dir={tmp_path}", f"--target_epsilon={epsilon}", "--train_size=1000",
+         "--test_size=500", "--generator_steps=8", "--batch_size=50", "--tstr_samples=200",
+         "--tstr_epochs=1", "--fd_samples=100", "--feature_epochs=1", "--log_every=4"]
+  result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  with open(tmp_path / "results.json", encoding="utf-8") as handle:
+    return json.load(handle), result.stdout
+
+
+@pytest.mark.slow
+def test_dpgan_tutorial_private_and_nonprivate(tmp_path):
+  results, stdout = _run(tmp_path / "dp", 10)
+  for name in ("generator.keras", "results.json", "samples.png"):
+    assert (tmp_path / "dp" / name).is_file()
+  assert 9.0 < results["epsilon"] <= 10.0 and results["delta"] == 1e-5
+  assert results["latent_dim"] == 64 and results["discriminator_steps_done"] == 8
+  assert 0.0 <= results["tstr_accuracy"] <= 1.0 and results["frechet_distance"] >= 0.0
+  assert "final: epsilon=" in stdout
+  results, _ = _run(tmp_path / "inf", "inf")
+  assert results["epsilon"] == math.inf and results["noise_multiplier"] == 0.0
