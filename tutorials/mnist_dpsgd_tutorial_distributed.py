@@ -13,10 +13,12 @@ Several workers (one process per host; here two on localhost), each with its ``T
         --workers=localhost:12345,localhost:12346 --worker_index=1 --epochs=2
 
 (``--workers``/``--worker_index`` only write ``TF_CONFIG``; set it yourself on a real cluster.)
-Batches are shuffled fixed-size global batches, accounted without amplification by sampling
-(Poisson batches of varying size cannot be split across replicas yet); every replica clips its
-share of the global batch and adds its share of the noise, so the step is DP-SGD over the
-global batch and the epsilon is the single-device one (``tf_dpkit.distribute``).
+Batches are Poisson-sampled (``--sampling=poisson``, the default:
+``tf_dpkit.data.distributed_poisson_batches`` gives each replica its own part of every Poisson
+batch, whose union is a Poisson sample of the whole data set) or shuffled fixed-size global
+batches (``--sampling=shuffle``, accounted without amplification by sampling); every replica
+clips its share of the global batch and adds its share of the noise, so the step is DP-SGD
+over the global batch and the epsilon is the single-device one (``tf_dpkit.distribute``).
 """
 from __future__ import annotations
 
@@ -62,10 +64,6 @@ def _strategy(tf):
 
 def main(argv):
   del argv
-  if FLAGS.sampling != "shuffle":
-    raise flags.ValidationError("this tutorial trains on shuffled fixed-size batches: pass "
-                                "--sampling=shuffle (Poisson batches cannot be split across "
-                                "replicas yet).")
   if FLAGS.strategy == "multiworker" and FLAGS.workers:
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": FLAGS.workers},
                                           "task": {"type": "worker", "index": FLAGS.worker_index}})
@@ -77,22 +75,29 @@ def main(argv):
 
   (x_train, y_train), (x_test, y_test), n, steps = common.setup()
   sigma = common.noise_multiplier(n)
+  poisson = FLAGS.sampling == "poisson"
   with strategy.scope():
     model = tf_dpkit.DPSequential(common.cnn_layers(keras))
     model.compile(optimizer=tf_dpkit.DPGradientDescentGaussianOptimizer(
         l2_norm_clip=FLAGS.l2_norm_clip, noise_multiplier=sigma,
-        num_microbatches=FLAGS.microbatches, learning_rate=FLAGS.learning_rate),
+        num_microbatches=FLAGS.microbatches, learning_rate=FLAGS.learning_rate,
+        expected_batch_size=FLAGS.batch_size if poisson else None),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
   budget = PrivacyBudget(FLAGS.batch_size / n, FLAGS.delta, FLAGS.target_epsilon,
-                         sampling="shuffle", steps_per_epoch=steps, batch_size=FLAGS.batch_size,
-                         verbose=False)
-  train = common.train_batches((x_train, y_train), steps * FLAGS.epochs)
+                         sampling=FLAGS.sampling, steps_per_epoch=steps,
+                         batch_size=FLAGS.batch_size, verbose=False)
   options = tf.data.Options()
   # Every worker reads the same global batches; tf.distribute splits each across the replicas.
   options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+  if poisson:  # every replica gets its own part of each Poisson batch
+    train = tf_dpkit.data.distributed_poisson_batches(
+        strategy, (x_train, y_train), expected_batch_size=FLAGS.batch_size,
+        steps=steps * FLAGS.epochs, seed=FLAGS.sampling_seed)
+  else:
+    train = common.train_batches((x_train, y_train), steps * FLAGS.epochs).with_options(options)
   test = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(1024)
   start = time.time()
-  history = model.fit(train.with_options(options), epochs=FLAGS.epochs, steps_per_epoch=steps,
+  history = model.fit(train, epochs=FLAGS.epochs, steps_per_epoch=steps,
                       validation_data=test.with_options(options), callbacks=[budget],
                       verbose=0)
   for epoch, (eps, accuracy) in enumerate(zip(history.history["epsilon"],

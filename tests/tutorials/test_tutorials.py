@@ -97,10 +97,13 @@ def test_train_to_a_budget_uses_the_whole_budget_for_its_pipeline(sampling):
   assert 3.0 * 0.999 < final["epsilon_rdp"] <= 3.0
 
 
-@pytest.mark.parametrize("strategy", ["mirrored", "multiworker"])
-def test_distributed_tutorial_reports_the_single_device_epsilon(strategy):
-  # Shuffled fixed batches: the exact Gaussian epsilon of EPOCHS epochs, whatever the replicas.
-  flags = ["--sampling=shuffle", "--learning_rate=0.5", f"--strategy={strategy}"]
+@pytest.mark.parametrize("strategy, sampling", [("mirrored", "shuffle"),
+                                                ("multiworker", "shuffle"),
+                                                ("mirrored", "poisson")])
+def test_distributed_tutorial_reports_the_single_device_epsilon(strategy, sampling):
+  # Shuffled fixed batches: the exact Gaussian epsilon of EPOCHS epochs, whatever the replicas;
+  # Poisson parts per replica: the Poisson epsilon of one device.
+  flags = [f"--sampling={sampling}", "--learning_rate=0.5", f"--strategy={strategy}"]
   if strategy == "mirrored":
     outputs = [_run("mnist_dpsgd_tutorial_distributed.py", *flags, "--replicas=2")]
   else:
@@ -118,10 +121,12 @@ def test_distributed_tutorial_reports_the_single_device_epsilon(strategy):
       out, err = proc.communicate(timeout=600)
       assert proc.returncode == 0, out[-3000:] + err[-3000:]
       outputs.append(out)
-  expected = exact_gaussian_epsilon(SIGMA, EPOCHS, DELTA)
+  steps = EPOCHS * (TRAIN // BATCH)
+  expected = (exact_gaussian_epsilon(SIGMA, EPOCHS, DELTA) if sampling == "shuffle"
+              else _expected_eps(BATCH / TRAIN, SIGMA, steps)[0])
   for out in outputs:
     final = _final(out)
-    assert final["steps"] == EPOCHS * (TRAIN // BATCH)
+    assert final["steps"] == steps
     assert math.isclose(final["epsilon_rdp"], expected, rel_tol=1e-4)  # printed to 4 decimals
     assert final["test_accuracy"] > 0.2
   assert "replicas=2" in outputs[0]
