@@ -61,6 +61,9 @@ flags.DEFINE_enum("student", "fixmatch", ["fixmatch", "supervised"],
                   "fixmatch: also learn from all public images without labels; supervised: the "
                   "released labels only.")
 flags.DEFINE_integer("student_steps", 1500, "Student optimiser steps.")
+flags.DEFINE_integer("supervised_baseline_steps", 500,
+                     "With --student=fixmatch, also train a supervised-only student on the same "
+                     "labels for this many steps, for comparison (0: skip).")
 flags.DEFINE_list("curve_points", ["160", "320", "480"],
                   "Query counts at which an extra student is trained for the accuracy-vs-"
                   "epsilon plot (besides --queries); empty for none.")
@@ -143,7 +146,7 @@ def _plots(out, curve, accuracy_points, name):
                 fontsize=7)
   ax.set_xlabel(f"epsilon (delta={FLAGS.delta:g})")
   ax.set_ylabel("student test accuracy (%)")
-  ax.set_title(f"student ({FLAGS.student}) vs epsilon; labels = queries")
+  ax.set_title(f"student ({FLAGS.student}) vs epsilon (points: queries asked)")
   ax.legend()
   fig.tight_layout()
   paths.append(os.path.join(out, "student_accuracy_vs_epsilon.png"))
@@ -172,7 +175,8 @@ def main(argv):
                verbose=True)
   teacher_seconds = time.time() - start
   teacher_acc = ensemble.accuracy(*evaluation)
-  print(f"teachers: num_teachers={FLAGS.num_teachers} shard_size={len(x_priv) // FLAGS.num_teachers} "
+  print(f"teachers: num_teachers={FLAGS.num_teachers} "
+        f"shard_size={len(x_priv) // FLAGS.num_teachers} "
         f"mean_accuracy={teacher_acc.mean():.4f} min={teacher_acc.min():.4f} "
         f"max={teacher_acc.max():.4f} train_seconds={teacher_seconds:.1f}", flush=True)
 
@@ -244,6 +248,16 @@ def main(argv):
     final_model = model
   if final_model is not None:
     final_model.save(os.path.join(out, "student.keras"))
+  supervised_acc = None
+  if (FLAGS.student == "fixmatch" and FLAGS.supervised_baseline_steps and
+      np.any(labels >= 0)):
+    have = labels >= 0
+    baseline = student.train_student(public[0][query_idx[have]], labels[have],
+                                     method="supervised", steps=FLAGS.supervised_baseline_steps,
+                                     seed=FLAGS.seed)
+    supervised_acc = student.accuracy(baseline, *evaluation)
+    print(f"supervised-only student: labels={int(have.sum())} test_accuracy={supervised_acc:.4f}",
+          flush=True)
 
   # 4. Privacy.
   beta = FLAGS.ss_beta if FLAGS.ss_beta is not None else 0.4 / FLAGS.ss_order
@@ -261,6 +275,7 @@ def main(argv):
       "student_labeled": int(student_labeled.sum()),
       "answered_label_accuracy": answered_acc, "released_label_accuracy": labeled_acc,
       "student": FLAGS.student, "student_steps": FLAGS.student_steps,
+      "student_accuracy_supervised_only": supervised_acc,
       "student_accuracy": accuracy_points[-1]["student_accuracy"] if accuracy_points else 0.0,
       "epsilon_data_dependent": accountant.get_epsilon(FLAGS.delta),
       "epsilon_data_independent": accountant.data_independent_epsilon(FLAGS.delta),

@@ -4,19 +4,16 @@ Each aggregator holds the sealed :class:`~tf_dpkit.pate.votes.TeacherVotes` of t
 queries and answers queries by index; every answer records its actual outcome into a
 :class:`analysis.pate.PateAccountant` (:attr:`Aggregator.accountant`):
 
-=====================  =========================================================  ============================
-aggregator             answer for histogram ``n`` (``n_j`` = votes for class j)     accountant call
-=====================  =========================================================  ============================
-:class:`LNMax`         ``argmax_j n_j + Lap(b)``                                    ``compose_lnmax``
-:class:`GNMax`         ``argmax_j n_j + N(0, sigma^2)``                             ``compose_gnmax``
-:class:`ConfidentGNMax`  if ``max_j n_j + N(0, sigma1^2) >= T``: ``argmax_j n_j +   ``compose_confident_gnmax``
-                       N(0, sigma2^2)``, else no answer (PATE 2018, Algorithm 1)
-:class:`InteractiveGNMax`  with the student's probabilities ``p`` and ``alpha``:    ``compose_interactive_gnmax``
-                       if ``max_j (n_j - alpha p_j) + N(0, sigma1^2) >= T``: GNMax
-                       answer (sigma2); elif ``max_j p_j > gamma``: the student's
-                       own ``argmax_j p_j``; else no answer (PATE 2018, Algorithm 2)
-=====================  =========================================================  ============================
+* :class:`LNMax`: ``argmax_j n_j + Lap(b)`` (``compose_lnmax``);
+* :class:`GNMax`: ``argmax_j n_j + N(0, sigma^2)`` (``compose_gnmax``);
+* :class:`ConfidentGNMax` (PATE 2018, Algorithm 1): if ``max_j n_j + N(0, sigma1^2) >= T``
+  the GNMax answer with ``sigma2``, else no answer (``compose_confident_gnmax``);
+* :class:`InteractiveGNMax` (PATE 2018, Algorithm 2), with the student's probabilities ``p``:
+  if ``max_j (n_j - alpha p_j) + N(0, sigma1^2) >= T`` the GNMax answer with ``sigma2``;
+  elif ``max_j p_j > gamma`` the student's own ``argmax_j p_j``; else no answer
+  (``compose_interactive_gnmax``).
 
+Here ``n_j`` is the number of teachers voting for class ``j`` on the query.
 All noise is on the vote scale (units: votes), independent per class and per query.
 
 Noise is secret and keyed like the DP optimizers' (:mod:`tf_dpkit.noise`): the key comes from

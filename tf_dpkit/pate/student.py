@@ -73,7 +73,8 @@ def train_student(x_labeled, y_labeled, x_unlabeled=None, *, method: str = "fixm
     confidence: tau in [0, 1], the pseudo-label threshold on the weak copy's max probability.
     unlabeled_weight: lambda_u >= 0, the unlabelled loss weight.
     learning_rate: Adam learning rate > 0, cosine-decayed to 0 over ``steps``.
-    seed: integer >= 0 for initialisation, batches and augmentation (public randomness).
+    seed: integer >= 0 for initialisation, batches and augmentation (public randomness;
+      calls ``keras.utils.set_random_seed``, which seeds the global generators too).
     verbose: print progress every ~10% of the steps.
     num_classes: K, integer >= 2.
   """

@@ -204,7 +204,9 @@ class TeacherEnsemble:
                conv_filters=(16, 32), hidden_units: int = 64, dropout: float = 0.3,
                seed: int | None = 0):
     """Args: see :func:`build_teacher_model`; ``seed`` (None or an integer >= 0) seeds the
-    weight initialisation, dropout and augmentation (all public randomness)."""
+    weight initialisation, dropout, minibatch order and augmentation (all public randomness;
+    an integer seed calls ``keras.utils.set_random_seed``, which also seeds Python's, NumPy's
+    and TensorFlow's global generators)."""
     keras = _keras()
     if seed is not None:
       seed = _checks.check_integer("seed", seed, minimum=0, none_allowed=True)

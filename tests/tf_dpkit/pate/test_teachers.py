@@ -21,7 +21,8 @@ def test_each_teacher_sees_only_its_own_channels_and_gets_only_its_own_gradient(
   assert diff[2] > 1e-3 and np.all(np.delete(diff, 2) == 0.0)
   with tf.GradientTape() as tape:
     loss = tf.reduce_sum(model(x)[:, 1])  # teacher 1's outputs
-  for variable, grad in zip(model.trainable_variables, tape.gradient(loss, model.trainable_variables)):
+  grads = tape.gradient(loss, model.trainable_variables)
+  for variable, grad in zip(model.trainable_variables, grads):
     g = grad.numpy()
     if variable.shape[0] == t:  # TeacherDense: [T, ...]
       per_teacher = np.abs(g).reshape(t, -1).max(axis=1)
