@@ -43,7 +43,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_float("target_epsilon", 10.0, "Privacy budget (nats) at --delta; inf: no noise.")
 flags.DEFINE_float("delta", 1e-5, "Delta of the privacy guarantee.")
 flags.DEFINE_string("output_dir", None, "Where generator.keras, results.json, samples.png go.")
-flags.DEFINE_integer("generator_steps", 6000, "Generator steps (iterations).")
+flags.DEFINE_integer("generator_steps", 15000, "Generator steps (iterations).")
 flags.DEFINE_integer("discriminator_steps", 1, "Discriminator steps per generator step.")
 flags.DEFINE_integer("batch_size", 600, "Expected Poisson batch size qN (and fake batch size).")
 flags.DEFINE_float("l2_norm_clip", 1.0, "Per-example clip norm of the discriminator gradient.")

@@ -288,7 +288,7 @@ class DPGAN:
   def _discriminator_step(self, x_real, y_real, weight):
     """One DP discriminator step; the only function that reads real data."""
     z, y_fake = self._latent(self.fake_batch_size)
-    x_fake = self.generator(self._inputs(z, y_fake), training=False)
+    x_fake = self.generator(self._inputs(z, y_fake), training=True)  # as in the G step
     dummy = tf.zeros_like(weight)
     clipped, _ = clipped_sum_for_model(
         self.discriminator, _real_term(self.loss), self._inputs(x_real, y_real), dummy, weight,
@@ -313,7 +313,7 @@ class DPGAN:
         v.assign(tf.clip_by_value(v, -self.weight_clip, self.weight_clip))
     real_loss = tf.reduce_sum(clipped.losses) / self.expected_batch_size
     return {"discriminator_real_loss": real_loss,
-            "median_real_grad_norm": _median(clipped.norms)}
+            "median_real_grad_norm": _median(tf.boolean_mask(clipped.norms, weight > 0))}
 
   def _generator_step(self):
     """One generator step: reads ``D``'s weights and public randomness, never real data."""
@@ -425,8 +425,7 @@ class DPGAN:
     generator_steps = _checks.check_integer("generator_steps", generator_steps, minimum=1)
     log_every = _checks.check_integer("log_every", log_every, minimum=1)
     if target_epsilon is not None:
-      target_epsilon = _checks.check_positive("target_epsilon", target_epsilon) \
-          if target_epsilon != math.inf else math.inf
+      target_epsilon = _checks.check_positive("target_epsilon", target_epsilon)  # inf allowed
     if callback is not None and not callable(callback):
       raise ValueError(f"callback must be None or callable, got {callback!r}.")
     x = np.asarray(x, np.float32)
@@ -528,8 +527,10 @@ class DPGAN:
 
 
 def _median(values):
+  """Median (upper) of a 1-D tensor; 0 when it is empty (logging only)."""
   values = tf.sort(tf.reshape(values, [-1]))
-  return values[tf.shape(values)[0] // 2]
+  n = tf.shape(values)[0]
+  return tf.cond(n > 0, lambda: values[n // 2], lambda: tf.constant(0.0, values.dtype))
 
 
 def sample(generator, num_samples, *, labels=None, seed=0):

@@ -5,6 +5,7 @@ Shapes (``K`` classes, ``d`` latent dimensions, image shape ``(H, W, C)``, defau
 
 * :func:`mlp_generator`: inputs ``[noise [B, d], one_hot_label [B, K]]`` in this order (only
   ``noise`` when ``num_classes`` is None) -> concatenation -> Dense + LeakyReLU(0.2) layers ->
+  (optionally BatchNormalization) ->
   ``Dense(H*W*C)`` with a sigmoid -> reshape: images in [0, 1], shape ``[B, H, W, C]``.
 * :func:`mlp_discriminator`: inputs ``[image [B, H, W, C], one_hot_label [B, K]]`` -> flatten,
   concatenate -> Dense + LeakyReLU(0.2) layers -> ``Dense(1)``: one logit per example.  Only
@@ -37,8 +38,13 @@ def _check_common(latent_dim, num_classes, image_shape, hidden):
 
 
 def mlp_generator(latent_dim=64, num_classes=10, image_shape=(28, 28, 1), hidden=(256, 512),
-                  name="generator"):
-  """Conditional (or, with ``num_classes=None``, unconditional) MLP generator; see module doc."""
+                  batch_norm=True, name="generator"):
+  """Conditional (or, with ``num_classes=None``, unconditional) MLP generator; see module doc.
+
+  ``batch_norm``: put ``BatchNormalization(momentum=0.8)`` after each hidden Dense layer
+  (allowed in the generator, which never sees real data; without it these MLPs tend to
+  collapse to one image).
+  """
   shape, hidden = _check_common(latent_dim, num_classes, image_shape, hidden)
   noise = keras.Input((latent_dim,), name="noise")
   inputs = [noise]
@@ -48,13 +54,16 @@ def mlp_generator(latent_dim=64, num_classes=10, image_shape=(28, 28, 1), hidden
     inputs.append(label)
     h = keras.layers.Concatenate()([noise, label])
   for width in hidden:
-    h = keras.layers.LeakyReLU(0.2)(keras.layers.Dense(width)(h))
+    h = keras.layers.Dense(width)(h)
+    if batch_norm:
+      h = keras.layers.BatchNormalization(momentum=0.8)(h)
+    h = keras.layers.LeakyReLU(0.2)(h)
   h = keras.layers.Dense(math.prod(shape), activation="sigmoid")(h)
   out = keras.layers.Reshape(shape, name="image")(h)
   return keras.Model(inputs if len(inputs) > 1 else noise, out, name=name)
 
 
-def mlp_discriminator(num_classes=10, image_shape=(28, 28, 1), hidden=(512, 256),
+def mlp_discriminator(num_classes=10, image_shape=(28, 28, 1), hidden=(256, 128),
                       name="discriminator"):
   """Conditional (or unconditional) MLP discriminator returning one logit; see module doc."""
   shape, hidden = _check_common(None, num_classes, image_shape, hidden)
