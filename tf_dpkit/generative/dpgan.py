@@ -17,7 +17,9 @@ discriminator step ``t``:
    ``D(G(z), y~)`` for Wasserstein) averaged over ``round(qN)`` generated examples.  ``z`` and
    the fake labels ``y~`` (uniform over the classes, never the data's label frequencies) are
    public randomness, and ``F_t`` is a function of the current ``D`` and ``G`` only, i.e. of
-   earlier releases: post-processing, no privacy cost.  By default each fake example's
+   earlier releases: post-processing, no privacy cost.  (``G`` runs in training mode here, as
+   in its own step: a BatchNormalization layer in ``G`` normalises and tracks statistics of
+   fake batches only.)  By default each fake example's
    gradient is clipped to ``C`` too (same scale as the real term, as in DP-CGAN of
    Torkzadehmahani et al. 2019); this is for balance only, privacy does not need it;
 4. applies ``R_t + F_t`` with the DP optimizer's update rule (Adam, RMSprop or SGD: post-
