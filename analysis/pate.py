@@ -7,10 +7,14 @@ Notation and units
   cost is 0).  Entries are non-negative and integer-valued, except where a function takes
   ``shifted=True`` (the thresholded histogram of Interactive GNMax, ``votes - alpha * p`` with
   the student's probabilities ``p``: any finite reals).
-* Neighbouring data sets: adding, removing or replacing one training record changes the data
-  of one teacher, hence at most that teacher's vote: the histogram moves one vote from one
-  class to another (L1 change 2, L2 change sqrt(2), every count by at most 1); the number of
-  votes stays fixed.  Distances between histograms count moved votes.
+* Neighbouring vote histograms: one vote moved from one class to another (L1 change 2, L2
+  change sqrt(2), every count by at most 1); the number of votes stays fixed.  Distances
+  between histograms count moved votes.  Two data sets give such histograms when they differ
+  in the data of one teacher only.  With ``tf_dpkit.pate.partition_indices`` (a fixed
+  permutation of positions cut into balanced shards) that holds for *replacing* one record,
+  the relation :attr:`PateAccountant.neighboring_relation` reports; adding or removing a record
+  would shift later positions into other shards, so add/remove needs a partition that assigns
+  every record by its own identity (e.g. a keyed hash of a record id), not by position.
 * ``orders``: Renyi orders in (1, inf] (one number, giving a float, or a non-empty sequence,
   giving an array); all RDP values and epsilons are in nats.
 * Noise: ``sigma`` (GNMax, Confident GNMax's ``sigma2``) and ``sigma1`` are standard
@@ -892,8 +896,9 @@ class PateAccountant(_accountant.Accountant):
   :meth:`compose` also takes plain events (``GaussianEvent``, ``LaplaceEvent`` and
   ``SelfComposedEvent`` / ``ComposedEvent`` of them), accounted data-independently; sampled
   and shuffled events are refused with :class:`analysis.events.UnsupportedEventError`.  All
-  guarantees hold under ``"add_or_remove_one"`` (and under replace-one as well: any change of
-  one record changes at most one teacher's vote).
+  guarantees are for neighbouring data sets whose teachers' data differ in one teacher (one
+  vote moved); with the position-based partition of ``tf_dpkit.pate`` that is replacing one
+  record (:attr:`neighboring_relation`; module doc, "Neighbouring vote histograms").
 
   Args:
     orders: RDP orders for the grid, a non-empty sequence each in (1, 1e6]; default
@@ -1063,8 +1068,9 @@ class PateAccountant(_accountant.Accountant):
 
   @property
   def neighboring_relation(self) -> str:
-    """``"add_or_remove_one"`` (see the class docstring)."""
-    return events.ADD_OR_REMOVE_ONE
+    """``"replace_one"``: one record replaced, which changes one teacher's data under a
+    position-based partition (module doc, "Neighbouring vote histograms")."""
+    return events.REPLACE_ONE
 
   def _check_atoms(self, atoms) -> None:  # compose is overridden
     pass

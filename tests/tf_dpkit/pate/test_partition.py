@@ -39,3 +39,14 @@ def test_the_partition_is_a_seeded_shuffle():
 def test_bad_arguments_name_the_argument_and_range(kwargs, match):
   with pytest.raises(ValueError, match=match):
     partition_indices(**kwargs)
+
+
+def test_the_guarantee_is_for_replacing_a_record_not_adding_one():
+  # Replacing record 7's value keeps every record in its shard (positions decide), so one
+  # teacher's data changes: the accountant's relation is replace-one.  Adding a record at the
+  # end reshuffles positions: many records change shard, so add/remove is not claimed.
+  from analysis import events, pate  # pylint: disable=g-import-not-at-top
+  assert pate.PateAccountant().neighboring_relation == events.REPLACE_ONE
+  before = shard_of(partition_indices(1000, 10, seed=3), 1000)
+  after = shard_of(partition_indices(1001, 10, seed=3), 1001)[:1000]
+  assert np.sum(before != after) > 100
