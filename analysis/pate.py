@@ -1067,6 +1067,11 @@ class PateAccountant(_accountant.Accountant):
     return tuple(events.flatten(self.ledger))
 
   @property
+  def num_teachers(self) -> int | None:
+    """The number of teachers given at construction (None: taken from each histogram)."""
+    return self._num_teachers
+
+  @property
   def neighboring_relation(self) -> str:
     """``"replace_one"``: one record replaced, which changes one teacher's data under a
     position-based partition (module doc, "Neighbouring vote histograms")."""

@@ -83,6 +83,12 @@ class Aggregator:
     elif not isinstance(accountant, pate_analysis.PateAccountant):
       raise ValueError(f"accountant must be an analysis.pate.PateAccountant, got "
                        f"{type(accountant).__name__}.")
+    elif (accountant.num_teachers is not None
+          and accountant.num_teachers < self._votes.num_teachers):
+      # Checked here, before any noise is drawn or any query recorded.
+      raise ValueError(f"accountant was made for num_teachers={accountant.num_teachers}, but "
+                       f"the votes come from {self._votes.num_teachers} teachers; make it "
+                       f"with num_teachers >= {self._votes.num_teachers}.")
     self.accountant = accountant
 
   # -- public description ----------------------------------------------------------------------

@@ -199,3 +199,12 @@ def test_bad_queries_are_refused():
   with pytest.raises(ValueError, match="student_probabilities must be probabilities"):
     agg.query([0], np.array([[0.2, 0.3]]))
   assert agg.accountant.queries == 0  # refused before any noise or accounting
+
+
+def test_an_accountant_for_fewer_teachers_is_refused_before_any_query():
+  votes = pate.TeacherVotes(np.array([[3, 1, 0], [0, 2, 2]]))  # 4 teachers
+  accountant = PateAccountant(num_teachers=3)
+  with pytest.raises(ValueError, match=r"accountant was made for num_teachers=3, but the votes "
+                     r"come from 4 teachers"):
+    pate.GNMax(votes, 1.0, accountant=accountant)
+  assert accountant.queries == 0
