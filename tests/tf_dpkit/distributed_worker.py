@@ -17,6 +17,8 @@ import os
 import sys
 
 ARGS = json.loads(sys.argv[1])
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from secret_search import files_holding  # noqa: E402  pylint: disable=g-import-not-at-top
 if ARGS["strategy"] == "multiworker":
   os.environ["TF_CONFIG"] = json.dumps({
       "cluster": {"worker": [f"localhost:{p}" for p in ARGS["ports"]]},
@@ -58,17 +60,6 @@ def loss_fn(y_true, y_pred):
   if ARGS["loss"] == "zero":  # identically zero: the update is the noise alone
     return tf.reduce_sum(0.0 * y_pred, axis=-1)
   return tf.reduce_mean(tf.square(y_true - y_pred), axis=-1)
-
-
-def _patterns(value):
-  """The byte forms an int64 secret takes in files: raw, protobuf varint, decimal."""
-  varint, rest = bytearray(), value
-  while True:
-    low, rest = rest & 0x7F, rest >> 7
-    varint.append(low | (0x80 if rest else 0))
-    if not rest:
-      break
-  return [value.to_bytes(8, "little"), bytes(varint), str(value).encode()]
 
 
 def _dataset(x, y):
@@ -133,9 +124,7 @@ def main():
             "iterations": int(model.optimizer.iterations.numpy()),
             "ledger_steps": budget.accountant.steps}
   if mode == "secrets":  # every byte written by .keras, save_weights and tf.train.Checkpoint
-    import glob  # pylint: disable=g-import-not-at-top
     import tempfile  # pylint: disable=g-import-not-at-top
-    import zipfile  # pylint: disable=g-import-not-at-top
     model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
     folder = tempfile.mkdtemp()
     model.save(os.path.join(folder, "m.keras"))
@@ -143,16 +132,8 @@ def main():
     tf.train.Checkpoint(model=model, optimizer=optimizer).save(os.path.join(folder, "ckpt"))
     with open(os.path.join(folder, "control.bin"), "wb") as handle:  # positive control
       handle.write(b"xx" + ARGS["seed"].to_bytes(8, "little") + b"xx")
-    found = []
-    for path in sorted(glob.glob(os.path.join(folder, "*"))):
-      with open(path, "rb") as handle:
-        data = handle.read()
-      if path.endswith(".keras"):
-        with zipfile.ZipFile(path) as archive:
-          data = b"".join(archive.read(name) for name in archive.namelist())
-      if any(p in data for p in _patterns(ARGS["seed"])):
-        found.append(os.path.basename(path))
-    return found
+    return sorted({os.path.basename(path.split(":")[0])
+                   for path in files_holding(folder, ARGS["seed"])})
   if mode == "resume":  # one epoch, save .keras, load under the strategy, one more epoch
     import tempfile  # pylint: disable=g-import-not-at-top
     from tf_dpkit.budget import PrivacyBudget  # pylint: disable=g-import-not-at-top

@@ -5,7 +5,6 @@ in each encoding TensorFlow uses (little-/big-endian int64, protobuf varint, dec
 Positive controls write the same value on purpose and must be found, so the search can fail.
 """
 import os
-import zipfile
 
 import numpy as np
 import pytest
@@ -14,45 +13,10 @@ import tensorflow as tf
 
 import tf_dpkit
 from tf_dpkit.data import poisson_batches
+from secret_search import files_holding, written_bytes
 
 NOISE_KEY = 0x2F3A5B7C9D1E4F61
 SAMPLING_SEED = 0x1B2C3D4E5F607182
-
-
-def _varint(value):
-  out = bytearray()
-  while True:
-    byte = value & 0x7F
-    value >>= 7
-    if value:
-      out.append(byte | 0x80)
-    else:
-      out.append(byte)
-      return bytes(out)
-
-
-def _patterns(value):
-  return [value.to_bytes(8, "little"), value.to_bytes(8, "big"), _varint(value),
-          str(value).encode()]
-
-
-def _written_bytes(directory):
-  """Yields (path, bytes) of every file under ``directory``, zip members unpacked."""
-  for root, _, files in os.walk(directory):
-    for name in files:
-      path = os.path.join(root, name)
-      with open(path, "rb") as f:
-        data = f.read()
-      yield path, data
-      if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as archive:
-          for member in archive.namelist():
-            yield f"{path}:{member}", archive.read(member)
-
-
-def _files_holding(directory, value):
-  return sorted({path for path, data in _written_bytes(directory)
-                 for pattern in _patterns(value) if pattern in data})
 
 
 def test_search_finds_a_constant_in_a_v1_meta_graph_and_a_variable_in_a_checkpoint(tmp_path):
@@ -66,8 +30,8 @@ def test_search_finds_a_constant_in_a_v1_meta_graph_and_a_variable_in_a_checkpoi
       sess.run(tf.compat.v1.global_variables_initializer())
       sess.run(assign)
       saver.save(sess, str(tmp_path / "ckpt"))
-  assert any(p.endswith(".meta") for p in _files_holding(tmp_path, NOISE_KEY))
-  assert any(".data" in p for p in _files_holding(tmp_path, SAMPLING_SEED))
+  assert any(p.endswith(".meta") for p in files_holding(tmp_path, NOISE_KEY))
+  assert any(".data" in p for p in files_holding(tmp_path, SAMPLING_SEED))
 
 
 def test_v1_saver_meta_graph_and_checkpoints_hold_no_noise_key(tmp_path):
@@ -90,7 +54,7 @@ def test_v1_saver_meta_graph_and_checkpoints_hold_no_noise_key(tmp_path):
     tf.io.write_graph(tf.compat.v1.get_default_graph(), str(tmp_path), "graph.pbtxt")
   assert np.all(np.isfinite(trained)) and np.any(trained != 0)
   assert len(os.listdir(tmp_path)) >= 5
-  assert _files_holding(tmp_path, NOISE_KEY) == []
+  assert files_holding(tmp_path, NOISE_KEY) == []
 
 
 def test_v1_noise_is_reproducible_from_the_seed_and_fresh_per_run():
@@ -146,9 +110,9 @@ def test_tf2_checkpoints_models_and_traces_hold_no_noise_key_or_sampling_seed(tm
   writer.flush()
   concrete = train_step.get_concrete_function(tf.TensorSpec([None, 3]), tf.TensorSpec([None], tf.int64))
   (tmp_path / "graph_def.pb").write_bytes(concrete.graph.as_graph_def().SerializeToString())
-  assert len(list(_written_bytes(tmp_path))) > 10
-  assert _files_holding(tmp_path, NOISE_KEY) == []
-  assert _files_holding(tmp_path, SAMPLING_SEED) == []
+  assert len(list(written_bytes(tmp_path))) > 10
+  assert files_holding(tmp_path, NOISE_KEY) == []
+  assert files_holding(tmp_path, SAMPLING_SEED) == []
 
 
 def test_tf2_search_finds_a_traced_constant_and_a_checkpointed_variable(tmp_path):
@@ -164,8 +128,8 @@ def test_tf2_search_finds_a_traced_constant_and_a_checkpointed_variable(tmp_path
     tf.summary.trace_export("leaky", step=0)
   writer.flush()
   tf.train.Checkpoint(v=tf.Variable(SAMPLING_SEED, dtype=tf.int64)).save(str(tmp_path / "c"))
-  assert _files_holding(tmp_path / "trace", NOISE_KEY)
-  assert _files_holding(tmp_path, SAMPLING_SEED)
+  assert files_holding(tmp_path / "trace", NOISE_KEY)
+  assert files_holding(tmp_path, SAMPLING_SEED)
 
 
 def test_secrets_do_not_show_in_reprs_or_configs():
@@ -190,10 +154,10 @@ def test_checkpointed_pipeline_iterators_hold_no_sampling_seed(tmp_path):
     iterator = iter(dataset)
     next(iterator)
     tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / name / "ckpt"))
-  assert _files_holding(tmp_path / "leaky", SAMPLING_SEED)
-  assert _files_holding(tmp_path / "shuffle", SAMPLING_SEED) == []
+  assert files_holding(tmp_path / "leaky", SAMPLING_SEED)
+  assert files_holding(tmp_path / "shuffle", SAMPLING_SEED) == []
   iterator = iter(poisson_batches((x,), expected_batch_size=5, steps=3, seed=SAMPLING_SEED))
   next(iterator)
   with pytest.raises(tf.errors.FailedPreconditionError, match="stateful"):
     tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / "poisson" / "ckpt"))
-  assert _files_holding(tmp_path / "poisson", SAMPLING_SEED) == []
+  assert files_holding(tmp_path / "poisson", SAMPLING_SEED) == []

@@ -6,7 +6,6 @@ each test also states the nearby wrong value it would catch.
 """
 import copy
 import math
-import os
 import pickle
 
 import numpy as np
@@ -16,6 +15,7 @@ from scipy import stats
 from analysis import events
 from analysis.pate import PateAccountant
 from tf_dpkit import pate
+from secret_search import files_holding, written_bytes
 
 N = 20000
 KEY = 0x2F3A5B7C9D1E4F61  # distinctive 62-bit key for the secrecy searches
@@ -164,11 +164,8 @@ def test_key_and_votes_reach_no_text_pickle_or_saved_file(tmp_path):
   model.fit(np.zeros((50, 4, 4, 1)), answers.labels, epochs=1, verbose=0)
   model.save(tmp_path / "student.keras")
   tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
-  patterns = [KEY.to_bytes(8, "little"), KEY.to_bytes(8, "big"), str(KEY).encode()]
-  for root, _, files in os.walk(tmp_path):
-    for name in files:
-      data = open(os.path.join(root, name), "rb").read()
-      assert not any(p in data for p in patterns), name
+  assert len(list(written_bytes(tmp_path))) >= 3
+  assert files_holding(tmp_path, KEY) == []
 
 
 @pytest.mark.parametrize("make, match", [
