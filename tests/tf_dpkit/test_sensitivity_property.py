@@ -200,7 +200,11 @@ _COMMON = dict(deadline=None, derandomize=True, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-@pytest.mark.parametrize("method", PATHS)
+# Default run: the fast path (what fit uses) and the Jacobian path; the vectorized_map and
+# loop paths (20-30 s each here) run in the slow suite, with the 60-model version of all four.
+@pytest.mark.parametrize("method", [
+    "fast", pytest.param("vectorized", marks=pytest.mark.slow),
+    pytest.param("loop", marks=pytest.mark.slow), "jacobian"])
 @settings(max_examples=6, **_COMMON)
 @given(case=cases())
 def test_removing_one_example_moves_the_clipped_sum_by_at_most_c(case, method):

@@ -1,10 +1,13 @@
-"""tutorials/mnist_dpgan_tutorial.py on a small MNIST slice (about 30 s, so in the default suite):
-its outputs and their contents, private (epsilon 10) and non-private (inf)."""
+"""tutorials/mnist_dpgan_tutorial.py on a small MNIST slice: its outputs and their contents,
+private (epsilon 10) and non-private (inf).  About 30 s on 2 cores, so in the slow suite; the
+default suite trains the library end to end in tests/tf_dpkit/test_generative.py."""
 import json
 import math
 import os
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -21,6 +24,7 @@ def _run(tmp_path, epsilon):
     return json.load(handle), result.stdout
 
 
+@pytest.mark.slow
 def test_dpgan_tutorial_private_and_nonprivate(tmp_path):
   results, stdout = _run(tmp_path / "dp", 10)
   for name in ("generator.keras", "results.json", "samples.png"):

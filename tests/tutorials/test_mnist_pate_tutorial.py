@@ -39,7 +39,8 @@ def _independent_epsilon(results, sigma1, sigma2):
   return rdp_accountant.RdpAccountant().compose(event).get_epsilon(results["delta"])
 
 
-@pytest.mark.parametrize("aggregator", ["confident_gnmax", "interactive_gnmax"])
+@pytest.mark.parametrize("aggregator", [
+    "confident_gnmax", pytest.param("interactive_gnmax", marks=pytest.mark.slow)])
 def test_small_run_writes_results_model_and_plots(tmp_path, aggregator):
   results, out = _run(tmp_path, f"--aggregator={aggregator}", "--noise_seed=1", *SMALL)
   assert KEYS <= set(results)

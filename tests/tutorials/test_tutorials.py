@@ -52,9 +52,11 @@ def _expected_eps(q, sigma, steps):
 
 @pytest.mark.parametrize("script, extra", [
     ("mnist_dpsgd_tutorial.py", ["--learning_rate=0.5"]),
-    ("mnist_dpsgd_tutorial_eager.py", ["--learning_rate=0.01"]),
+    # The Jacobian loop and the v1 graph are slow on 2 cores (20-30 s each): slow suite.
+    pytest.param("mnist_dpsgd_tutorial_eager.py", ["--learning_rate=0.01"],
+                 marks=pytest.mark.slow),
     ("mnist_dpsgd_tutorial_eager.py", ["--learning_rate=0.01", "--fast_clipping"]),
-    ("mnist_dpsgd_tutorial_v1.py", ["--learning_rate=0.5"]),
+    pytest.param("mnist_dpsgd_tutorial_v1.py", ["--learning_rate=0.5"], marks=pytest.mark.slow),
 ])
 def test_tutorial_trains_and_reports_the_analysis_epsilon(script, extra):
   out = _run(script, *extra)
@@ -97,9 +99,9 @@ def test_train_to_a_budget_uses_the_whole_budget_for_its_pipeline(sampling):
   assert 3.0 * 0.999 < final["epsilon_rdp"] <= 3.0
 
 
-@pytest.mark.parametrize("strategy, sampling", [("mirrored", "shuffle"),
-                                                ("multiworker", "shuffle"),
-                                                ("mirrored", "poisson")])
+@pytest.mark.parametrize("strategy, sampling", [
+    pytest.param("mirrored", "shuffle", marks=pytest.mark.slow),
+    ("multiworker", "shuffle"), ("mirrored", "poisson")])
 def test_distributed_tutorial_reports_the_single_device_epsilon(strategy, sampling):
   # Shuffled fixed batches: the exact Gaussian epsilon of EPOCHS epochs, whatever the replicas;
   # Poisson parts per replica: the Poisson epsilon of one device.

@@ -82,14 +82,22 @@ def fast_path_available(model) -> bool:
           and not _variables_of_several_layers(graph))
 
 
+def example_mixing_layers(model) -> list:
+  """The layers of ``model`` known to mix the examples of a batch (BatchNormalization: its batch
+  mean and variance make one example's output depend on the others), the one list every
+  per-example DP path refuses."""
+  return [layer for layer in internals.sublayers(model, include_self=True)
+          if isinstance(layer, keras.layers.BatchNormalization)]
+
+
 def check_examples_independent(model):
   """Raises ``ValueError`` for layers known to mix the examples of a batch."""
-  for layer in internals.sublayers(model, include_self=True):
-    if isinstance(layer, keras.layers.BatchNormalization):
-      raise ValueError(
-          f"Layer {layer.name!r} is BatchNormalization, which mixes examples in a batch and "
-          "breaks per-example privacy. Use keras.layers.GroupNormalization or "
-          "LayerNormalization.")
+  mixing = example_mixing_layers(model)
+  if mixing:
+    raise ValueError(
+        f"Layer {mixing[0].name!r} is BatchNormalization, which mixes examples in a batch and "
+        "breaks per-example privacy. Use keras.layers.GroupNormalization or "
+        "LayerNormalization.")
 
 
 def _run_rule(rule, layer, inputs):

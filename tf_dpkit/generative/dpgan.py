@@ -66,7 +66,7 @@ import tensorflow as tf
 
 from analysis import _checks
 from tf_dpkit.budget import Phase, PrivacyAccountant, ledger_array
-from tf_dpkit.clipping import _keras_internals as internals
+from tf_dpkit.clipping import fast_path
 from tf_dpkit.data.poisson import poisson_batches
 from tf_dpkit.model_gradients import METHODS, clipped_sum_for_model
 from tf_dpkit.optimizers import (DPAdamGaussianOptimizer, DPGradientDescentGaussianOptimizer,
@@ -104,14 +104,14 @@ def _generator_term(loss, logits):
 
 def check_discriminator_examples_independent(discriminator):
   """Raises ``ValueError`` if the discriminator holds a layer that mixes the examples of a batch."""
-  for layer in internals.sublayers(discriminator, include_self=True):
-    if isinstance(layer, keras.layers.BatchNormalization):
-      raise ValueError(
-          f"discriminator layer {layer.name!r} is BatchNormalization, which mixes the examples "
-          "of a batch (batch mean and variance), so one real example's gradient depends on the "
-          "others and per-example clipping cannot bound its influence: DP-GAN refuses it. Use "
-          "keras.layers.LayerNormalization or GroupNormalization in the discriminator (the "
-          "generator may keep BatchNormalization: it never sees real data).")
+  mixing = fast_path.example_mixing_layers(discriminator)
+  if mixing:
+    raise ValueError(
+        f"discriminator layer {mixing[0].name!r} is BatchNormalization, which mixes the examples "
+        "of a batch (batch mean and variance), so one real example's gradient depends on the "
+        "others and per-example clipping cannot bound its influence: DP-GAN refuses it. Use "
+        "keras.layers.LayerNormalization or GroupNormalization in the discriminator (the "
+        "generator may keep BatchNormalization: it never sees real data).")
 
 
 def _static_shape(tensor):
