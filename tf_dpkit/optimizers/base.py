@@ -114,7 +114,13 @@ class DPOptimizerBase:
     # The update must depend on this check: with an empty batch the average would be inf.
     with tf.control_dependencies([assert_nonempty(microbatches)]):
       clipped_grads = [None if g is None else tf.identity(g) for g in clipped.grads]
-    grads = self._dp.private_average(clipped_grads, microbatches, self._noise_step())
+    accumulation = getattr(self, "_dp_accumulation", None)
+    if accumulation is None:
+      grads = self._dp.private_average(clipped_grads, microbatches, self._noise_step())
+    else:  # virtual batches: noise once per logical batch (tf_dpkit.optimizers.accumulation)
+      grads, _ = accumulation.step(
+          clipped_grads, microbatches,
+          lambda sums, count: self._dp.private_average(sums, count, self._noise_step()))
     if data_independent_grads is not None:
       extra = list(data_independent_grads)
       if len(extra) != len(grads):

@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 
 from tf_dpkit.clipping import clipped_sum_from_vector_loss
+from tf_dpkit.optimizers import accumulation as accumulation_lib
 from tf_dpkit.optimizers.base import CONSTRUCTOR_ARGS_DOC, DPOptimizerBase
 
 #: Rows x fields of the privacy ledger variable (format owned by ``tf_dpkit.budget``).
@@ -27,23 +28,24 @@ def make_keras_dp_class(base):
 
     One step: split the vector loss into M microbatches, clip each microbatch's gradient to
     C, sum, add N(0, (sigma C)^2 I), divide by M (or ``expected_batch_size``), apply the
-    {base.__name__} update.  ``gradient_accumulation_steps`` is refused (noise per micro-step
-    would change the privacy analysis).
+    {base.__name__} update.  ``gradient_accumulation_steps=k`` (k >= 2): virtual batches of k
+    micro-batches, clipped sums accumulated, noise added and the update applied once per
+    logical batch (``tf_dpkit.optimizers.accumulation``; Keras's own accumulation, which would
+    noise every micro-step, is not used).
     """
 
     _dp_base_class = base
 
     def __init__(self, l2_norm_clip, noise_multiplier, num_microbatches=None, *args,
                  seed=None, expected_batch_size=None, **kwargs):
-      if kwargs.get("gradient_accumulation_steps"):
-        raise ValueError(
-            "gradient_accumulation_steps is not supported by DP optimizers: Keras would add "
-            "noise on every micro-step, which changes the privacy analysis. Use a larger "
-            "batch (or Poisson sampling with a larger expected_batch_size) instead.")
+      # Not passed to Keras: its accumulation would noise every micro-step (see accumulation).
+      steps = accumulation_lib.check_accumulation_steps(
+          kwargs.pop("gradient_accumulation_steps", None))
       settings = self._validated_settings(args, kwargs, l2_norm_clip, noise_multiplier,
                                           num_microbatches, expected_batch_size, seed)
       super().__init__(*args, **kwargs)
       self._attach_dp(settings)
+      self._dp_accumulation = accumulation_lib.GradientAccumulation(steps) if steps > 1 else None
       # The privacy ledger (tf_dpkit.budget): optimizer state, so it is saved and restored with
       # the model (.keras files, save_weights, ModelCheckpoint, BackupAndRestore).
       self._privacy_ledger = self.add_variable(
@@ -55,9 +57,17 @@ def make_keras_dp_class(base):
       """float64 variable holding the record of the DP steps taken (see ``tf_dpkit.budget``)."""
       return self._privacy_ledger
 
+    @property
+    def accumulation_steps(self) -> int:
+      """k: micro-batches per logical batch (1: no accumulation).  Keras's own
+      ``gradient_accumulation_steps`` attribute stays None (its accumulation is not used)."""
+      return 1 if self._dp_accumulation is None else self._dp_accumulation.steps
+
     def get_config(self):
       config = super().get_config()
       config.update(self._dp.config())
+      config["gradient_accumulation_steps"] = (None if self._dp_accumulation is None
+                                               else self._dp_accumulation.steps)
       return config
 
     def _noise_step(self):
@@ -97,7 +107,23 @@ def make_keras_dp_class(base):
     def apply(self, grads, trainable_variables=None):
       grads = list(grads)
       self._check_certified(grads)
-      return super().apply(grads, trainable_variables)
+      if self._dp_accumulation is None:
+        return super().apply(grads, trainable_variables)
+      return self._apply_at_release(grads, trainable_variables)
+
+    def _apply_at_release(self, grads, trainable_variables):
+      """Keras's update, run only on the micro-step that releases the logical batch."""
+      release = self._dp_accumulation.last_release_flag()
+      if not self.built and trainable_variables is not None:
+        with tf.init_scope():  # slots made outside the branch (and outside any trace)
+          self.build(list(trainable_variables))
+      parent = super()
+
+      def update():
+        parent.apply(grads, trainable_variables)
+        return tf.constant(True)
+
+      tf.cond(release, update, lambda: tf.constant(False))
 
   KerasDPOptimizer.__name__ = f"DP{base.__name__}"
   KerasDPOptimizer.__qualname__ = KerasDPOptimizer.__name__

@@ -1,0 +1,235 @@
+"""Virtual batches: DP-SGD over a logical batch assembled from ``k`` physical micro-batches.
+
+A DP optimizer built with ``gradient_accumulation_steps=k`` (k >= 2) runs one DP-SGD step per
+*logical* batch ``B = B_1 u ... u B_k`` (its ``k`` *micro-batches*, fed one per call):
+
+* micro-steps ``1 .. k-1``: the clipped sum ``S_j = sum_{i in B_j} clip_C(g_i)`` (per example,
+  or per microbatch with ``num_microbatches``) is added to an accumulator; nothing is noised,
+  released or applied, the model and the optimizer state (``iterations``, Adam's moments, ...)
+  do not change;
+* micro-step ``k``: the one private gradient of the logical batch,
+
+      g~ = (S_1 + ... + S_k + N(0, sigma^2 C^2 I)) / n,
+
+  is computed by the optimizer's ordinary path (``DPSettings.private_average``: noise keyed by
+  ``(key, iterations, draw)``), applied with the wrapped optimizer's update rule, and the
+  accumulator is reset.  ``n`` is ``expected_batch_size`` when set (the expected size of the
+  LOGICAL batch, ``qN``), else the number of microbatches of all ``k`` micro-batches together.
+  ``iterations`` counts logical steps: it grows by one per release, so learning-rate schedules,
+  the noise seed and :class:`tf_dpkit.budget.PrivacyBudget` all see logical steps.
+
+Privacy.  The released value is that of one DP-SGD step on ``B`` with noise multiplier sigma,
+*provided every example joins at most one of the k micro-batches*: then removing one example
+changes ``S_1 + ... + S_k`` by at most ``C`` (per-example clipping; ``2C`` per microbatch of
+several examples, as without accumulation).  This holds for
+
+* **Poisson sampling**, when ``B`` is ONE Poisson sample of rate ``q`` split into ``k``
+  disjoint chunks: ``tf_dpkit.data.poisson_batches(..., gradient_accumulation_steps=k)``
+  (the Opacus ``BatchMemoryManager`` construction).  It is accounted as one Poisson-subsampled
+  Gaussian step of rate ``q`` (``analysis.dp_sgd.dp_sgd_event``).  ``k`` *independent*
+  Poisson micro-batches are NOT one Poisson batch: an example may be drawn into two of them
+  and move the noised sum by ``2C``, so no DP-SGD epsilon of rate ``q`` (or ``kq``) holds for
+  them; ``PrivacyBudget`` refuses a Poisson pipeline that was not split this way.
+* **shuffled batches**, when the ``k`` micro-batches are consecutive parts of one epoch's
+  permutation: a logical batch of ``k b`` distinct examples, ``steps_per_epoch / k`` logical
+  steps per epoch (``k`` must divide the micro-batches per epoch, else a logical batch would
+  straddle two permutations and could hold one example twice).
+
+Why the Poisson chunk count is fixed.  The optimizer must know, without looking at the data,
+which micro-step ends a logical batch.  A data-dependent chunk count (``ceil(|B| / P)``) would
+need a flag passed beside the data, which Keras ``fit`` has no slot for, so every logical
+batch is split into exactly ``k`` chunks of balanced sizes ``ceil(|B| / k)`` or ``floor(|B| /
+k)``; chunks left empty (``|B| < k``) hold one example of weight 0, whose clipped gradient is
+exactly 0.  The split is a function of ``B`` alone, so the released sum -- and the privacy
+analysis -- is the same for every split.  A chunk exceeds a memory cap ``P`` only when
+``|B| > kP``; :func:`accumulation_steps_for_memory` picks the smallest ``k`` for which that
+has probability at most a given bound.
+
+Noise keys.  Noise is drawn only at releases, keyed by ``(key, iterations, draw)`` where
+``iterations`` is the logical step and ``draw`` the optimizer's draw counter, which also
+advances only at releases: every logical step gets fresh noise.
+
+What is never stored.  The accumulator holds un-noised clipped sums, which are not private.
+It lives in plain ``tf.Variable`` s held by a Python object that no Keras or TensorFlow
+checkpoint tracks (not in ``optimizer.variables``, ``.keras`` files or ``save_weights``).  A
+checkpoint taken in the middle of a logical batch therefore does not resume that batch: its
+micro-batches are dropped unreleased (no privacy cost, nothing recorded), and training
+continues with a fresh logical batch.
+
+Not supported (refused with a clear error): several replicas of a ``tf.distribute`` strategy
+(each replica would need its own accumulator and the releases would need a cross-replica
+condition inside Keras's update; use one replica or a larger global batch), and Keras's own
+``gradient_accumulation_steps`` (it would noise every micro-step: replaced by this module).
+"""
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from analysis import _checks
+from tf_dpkit import distribute
+
+
+def check_accumulation_steps(value) -> int:
+  """``gradient_accumulation_steps`` as an int: None or 1 -> 1 (off), an integer k >= 1.
+
+  Raises:
+    ValueError: not None and not an integer >= 1 (``True``, floats and strings included).
+  """
+  if value is None:
+    return 1
+  return _checks.check_integer("gradient_accumulation_steps", value, minimum=1)
+
+
+def accumulation_steps_for_memory(num_examples: int, expected_batch_size: float,
+                                  max_physical_batch_size: int,
+                                  overflow_probability: float = 1e-6) -> int:
+  """The smallest k such that a Poisson batch split into k chunks overflows ``P`` rarely.
+
+  With ``|B| ~ Binomial(N, q)``, ``q = expected_batch_size / N``, the chunks of
+  ``poisson_batches(..., gradient_accumulation_steps=k)`` have at most ``ceil(|B| / k)``
+  examples, which exceeds ``P = max_physical_batch_size`` iff ``|B| > kP``.  Returns the
+  smallest integer ``k >= 1`` with ``P(|B| > kP) <= overflow_probability`` (exact binomial
+  tail, computed in log space).  The bound concerns memory only: privacy holds for any k.
+
+  Args:
+    num_examples: N, an integer >= 1.
+    expected_batch_size: qN in (0, N].
+    max_physical_batch_size: P, an integer >= 1 (examples per physical chunk).
+    overflow_probability: in (0, 1).
+  """
+  n = _checks.check_integer("num_examples", num_examples, minimum=1)
+  b = _checks.check_finite_positive("expected_batch_size", expected_batch_size)
+  if b > n:
+    raise ValueError(f"expected_batch_size must be in (0, num_examples] = (0, {n}], got {b}.")
+  p = _checks.check_integer("max_physical_batch_size", max_physical_batch_size, minimum=1)
+  bound = _checks.check_probability("overflow_probability", overflow_probability,
+                                    allow_zero=False)
+  if bound >= 1:
+    raise ValueError(f"overflow_probability must be in (0, 1), got {overflow_probability!r}.")
+  q = b / n
+  if q >= 1.0:
+    return -(-n // p)
+
+  def log_pmf(j):
+    return (math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1)
+            + j * math.log(q) + (n - j) * math.log1p(-q))
+
+  def tail_above(m):  # P(|B| > m)
+    if m >= n:
+      return 0.0
+    logs = [log_pmf(j) for j in range(m + 1, n + 1)]
+    top = max(logs)
+    return math.exp(top) * math.fsum(math.exp(v - top) for v in logs)
+
+  k = max(1, math.floor(b / p))
+  while tail_above(k * p) > bound:
+    k += 1
+  return k
+
+
+class GradientAccumulation:
+  """The accumulator of one DP optimizer (see the module docstring).
+
+  A plain object (not trackable), so the un-noised sums in its variables reach no checkpoint.
+  """
+
+  __slots__ = ("steps", "_sums", "_count", "_position", "_graph", "_shapes", "_release")
+
+  def __init__(self, steps: int):
+    self.steps = steps
+    self._sums, self._count, self._position, self._graph, self._shapes = None, None, None, None, None
+    self._release = None
+    with tf.init_scope():
+      self._counter_variables()
+
+  def _counter_variables(self):
+    with tf.init_scope():
+      graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+      if self._position is None or self._graph is not graph:
+        self._position = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                     name="dp_accumulation_position")
+        self._count = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                  name="dp_accumulation_microbatches")
+        self._sums, self._shapes, self._graph = None, None, graph
+
+  def _sum_variables(self, grads):
+    """One float accumulator per non-None gradient, made on first use (outside any trace)."""
+    self._counter_variables()
+    shapes = tuple(None if g is None else (tuple(g.shape.as_list()), g.dtype) for g in grads)
+    if self._sums is None:
+      if any(s is not None and None in s[0] for s in shapes):
+        raise ValueError("gradient_accumulation_steps needs gradients of static shape; got "
+                         f"shapes {[None if s is None else s[0] for s in shapes]}.")
+      with tf.init_scope():
+        self._sums = [None if s is None else tf.Variable(tf.zeros(s[0], s[1]), trainable=False,
+                                                         name="dp_accumulated_clipped_sum")
+                      for s in shapes]
+      self._shapes = shapes
+    elif shapes != self._shapes:
+      raise ValueError(
+          "gradient_accumulation_steps: this micro-step's gradients do not match the variables "
+          "of the earlier micro-steps (the same variables, in the same order, must be trained "
+          "at every micro-step of a logical batch).")
+    return self._sums
+
+  @property
+  def position(self) -> tf.Variable:
+    """Micro-batches accumulated so far in the current logical batch, in [0, k)."""
+    return self._position
+
+  def completed_within(self, micro_steps: int) -> int:
+    """Logical steps that the next ``micro_steps`` micro-steps complete (reads the position)."""
+    return (int(self._position.numpy()) + int(micro_steps)) // self.steps
+
+  def step(self, clipped_grads, microbatches, release):
+    """Accumulates one micro-batch; returns ``(grads, is_release)``.
+
+    ``release(sums, count)`` is called (inside ``tf.cond``) with the logical batch's clipped
+    sums and microbatch count on the k-th micro-step only; it returns the private gradients.
+    On the other micro-steps ``grads`` are zeros that ``apply`` never applies.
+    """
+    if distribute.num_replicas() > 1:
+      raise NotImplementedError(
+          "gradient_accumulation_steps is not supported under a tf.distribute strategy with "
+          f"{distribute.num_replicas()} replicas (each replica would keep its own un-noised sum, "
+          "and the release would need a cross-replica condition around Keras's update). Train "
+          "on one replica, or use a larger global batch instead of accumulation.")
+    sums = self._sum_variables(clipped_grads)
+    position = self._position.read_value()
+    is_release = tf.equal(position + 1, self.steps)
+    totals = [None if g is None else s.read_value() + g for s, g in zip(sums, clipped_grads)]
+    count = self._count.read_value() + tf.cast(microbatches, tf.int64)
+    present = [i for i, t in enumerate(totals) if t is not None]
+
+    def released():
+      out = release(totals, count)
+      return [out[i] for i in present]
+
+    def held():
+      return [tf.zeros_like(totals[i]) for i in present]
+
+    outputs = tf.cond(is_release, released, held)
+    if not isinstance(outputs, (list, tuple)):
+      outputs = [outputs]
+    grads = [None] * len(totals)
+    for i, value in zip(present, outputs):
+      grads[i] = value
+    with tf.control_dependencies([g for g in grads if g is not None]):
+      updates = [self._count.assign(tf.where(is_release, tf.zeros_like(count), count)),
+                 self._position.assign((position + 1) % self.steps)]
+      for s, t in zip(sums, totals):
+        if s is not None:
+          updates.append(s.assign(tf.where(is_release, tf.zeros_like(t), t)))
+    with tf.control_dependencies(updates):
+      grads = [None if g is None else tf.identity(g) for g in grads]
+      is_release = tf.identity(is_release)
+    self._release = is_release
+    return grads, is_release
+
+  def last_release_flag(self):
+    """The ``is_release`` tensor of the latest :meth:`step` (for the optimizer's ``apply``)."""
+    if self._release is None:
+      raise ValueError("apply() before any private gradient was computed.")
+    return self._release
