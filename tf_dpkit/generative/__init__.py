@@ -1,9 +1,13 @@
-"""Differentially private generative models: DP-GAN and its evaluation.
+"""Differentially private generative models: DP-GAN, PATE-GAN and their evaluation.
 
 * :class:`DPGAN` (:mod:`tf_dpkit.generative.dpgan`): trains any Keras generator and
   discriminator (conditional on labels or not; standard or Wasserstein loss) so that the
   discriminator's real-data gradients are clipped per example and noised (DP-SGD with Poisson
   batches); the generator is post-processing.  :func:`sample` draws from a saved generator.
+* :class:`PATEGAN` (:mod:`tf_dpkit.generative.pategan`): teacher discriminators on disjoint
+  shards, a student discriminator trained only on generated examples labelled by noisy teacher
+  votes (tf_dpkit.pate aggregators, analysis.pate.PateAccountant), the generator trained
+  against the student.
 * :mod:`tf_dpkit.generative.models`: small MLP generator/discriminator builders for MNIST.
 * :mod:`tf_dpkit.generative.evaluation`: TSTR accuracy, Frechet distance on MNIST-classifier
   features, sample grids (evaluation uses real data and is not private).
@@ -15,10 +19,14 @@ from tf_dpkit.generative.evaluation import (clear_feature_cache, frechet_distanc
                                             mnist_feature_extractor, save_sample_grid,
                                             tstr_accuracy)
 from tf_dpkit.generative.models import mlp_discriminator, mlp_generator
+from tf_dpkit.generative.pategan import (PATE_AGGREGATORS, PATEGAN, affordable_queries,
+                                         data_independent_epsilon, noise_scale_for_budget,
+                                         teacher_ensemble_discriminator)
 
 __all__ = [
     "DPGAN", "GRADIENT_PENALTY_REFUSED", "LOSSES", "check_discriminator_examples_independent",
     "sample", "clear_feature_cache", "frechet_distance", "frechet_distance_from_features",
     "mnist_feature_extractor", "save_sample_grid", "tstr_accuracy", "mlp_discriminator",
-    "mlp_generator",
+    "mlp_generator", "PATEGAN", "PATE_AGGREGATORS", "affordable_queries",
+    "data_independent_epsilon", "noise_scale_for_budget", "teacher_ensemble_discriminator",
 ]
