@@ -186,7 +186,18 @@ class PrivacyBudget(keras.callbacks.Callback):
       ``tf_dpkit.data.poisson_batches``.
     steps_per_epoch: batches per epoch, for ``"shuffle"``.
     batch_size: needed only when the optimizer has ``num_microbatches`` (to know the
-      microbatch size): an integer multiple of ``num_microbatches``.
+      microbatch size): an integer multiple of ``num_microbatches`` (of ``k *
+      num_microbatches``, the logical batch's, with ``gradient_accumulation_steps=k``).
+
+  With an optimizer built with ``gradient_accumulation_steps=k`` (virtual batches,
+  ``tf_dpkit.optimizers.accumulation``) every number here is about LOGICAL batches:
+  ``sampling_probability`` is the logical batch's rate, ``steps_per_epoch`` counts logical
+  steps, and a step is recorded when the optimizer releases a logical batch (its
+  ``iterations``), never per micro-batch.  Refused: a Poisson pipeline that is not one
+  ``poisson_batches(..., gradient_accumulation_steps=k)`` (k independent Poisson micro-batches
+  are not one Poisson batch), a pipeline split into another number of chunks, and fixed-size
+  batches whose micro-batches per epoch are not a multiple of k (a logical batch would
+  straddle two epochs).
     accountant: ``"rdp"``/``"pld"``, or a :class:`PrivacyAccountant` to continue (resumed runs).
     verbose: print a line when the budget stops training (on the chief only, under a
       multi-worker strategy).
@@ -228,12 +239,14 @@ class PrivacyBudget(keras.callbacks.Callback):
     optimizer = self.model.optimizer
     microbatch_size = 1
     if optimizer.num_microbatches is not None:
-      m = optimizer.num_microbatches
+      # Microbatches of the logical batch: k micro-batches of num_microbatches each.
+      m = optimizer.num_microbatches * _accumulation_steps(optimizer)
       if (self.batch_size is None or not _is_real(self.batch_size) or self.batch_size < m
           or int(self.batch_size) != self.batch_size or self.batch_size % m):
         raise ValueError(
             f"PrivacyBudget needs batch_size= (an integer multiple of the optimizer's "
-            f"num_microbatches={m}) to know the microbatch size, got {self.batch_size!r}.")
+            f"num_microbatches={m} per logical batch) to know the microbatch size, got "
+            f"{self.batch_size!r}.")
       microbatch_size = int(self.batch_size) // m
     return Phase(float(self.sampling_probability), float(optimizer.noise_multiplier), steps,
                  self.sampling, microbatch_size, self.steps_per_epoch)
@@ -257,6 +270,7 @@ class PrivacyBudget(keras.callbacks.Callback):
   def _check_pipeline(self):
     """Refuses numbers that disagree with a tf_dpkit pipeline given to ``fit``."""
     pipeline = getattr(self.model, "_dp_fit_pipeline", None)
+    _check_accumulated_batches(self, pipeline)
     if pipeline is None:
       return
     where = (f"fit was given {pipeline.sampling} batches ("
@@ -375,11 +389,18 @@ class PrivacyBudget(keras.callbacks.Callback):
     # Keras reports the index of the last step of the execution just run, so the step count is
     # known without reading the optimizer's counter from the device every step.
     iterations = self._epoch_start_iterations + int(batch) + 1
+    steps_per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
+    accumulation = getattr(self.model.optimizer, "_dp_accumulation", None)
+    if accumulation is not None:
+      # Keras's batch index counts micro-batches; the optimizer counts released logical steps.
+      iterations = int(self.model.optimizer.iterations.numpy())
+      next_steps = accumulation.completed_within(steps_per_execution)
+    else:
+      next_steps = steps_per_execution
     self._record_until(iterations)  # keeps the saved ledger current for checkpoints
     if self._max_steps is None or self.model.stop_training:
       return
-    steps_per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
-    if iterations + steps_per_execution > self._max_steps:
+    if iterations + next_steps > self._max_steps:
       self._record_new_steps()
       self.model.stop_training = True
       self.stopped_at_step = self.accountant.steps
@@ -395,6 +416,45 @@ class PrivacyBudget(keras.callbacks.Callback):
 
   def on_train_end(self, logs=None):
     self._record_new_steps()
+
+
+def _accumulation_steps(optimizer) -> int:
+  """k of a DP optimizer built with ``gradient_accumulation_steps`` (1 without)."""
+  return int(getattr(optimizer, "accumulation_steps", 1) or 1)
+
+
+def _check_accumulated_batches(budget, pipeline) -> None:
+  """Refuses to account virtual batches that are not logical batches of the stated sampling
+  (see :class:`PrivacyBudget`); a no-op for optimizers without accumulation."""
+  k = _accumulation_steps(budget.model.optimizer)
+  chunks = 1 if pipeline is None else pipeline.accumulation_steps
+  if pipeline is not None and chunks != k:
+    raise ValueError(
+        f"fit was given batches split into {chunks} chunk(s) per logical batch "
+        f"(gradient_accumulation_steps={chunks} in the pipeline), but the optimizer accumulates "
+        f"gradient_accumulation_steps={k} micro-batches per step: the released sums would not "
+        "be those of the pipeline's logical batches. Use the same value in both.")
+  if k == 1:
+    return
+  if budget.sampling == "poisson" and pipeline is None:
+    raise ValueError(
+        f"PrivacyBudget(sampling='poisson') with gradient_accumulation_steps={k} needs the "
+        "dataset returned by tf_dpkit.data.poisson_batches(..., gradient_accumulation_steps="
+        f"{k}) passed to fit as it is: only then are the {k} micro-batches of a step one "
+        "Poisson batch split into disjoint chunks. Independent Poisson micro-batches can hold "
+        "one example twice (sensitivity 2C), which the accounted epsilon does not cover.")
+  micro_steps = (budget.params or {}).get("steps")
+  if budget.sampling == "shuffle" and pipeline is None and micro_steps:
+    if micro_steps % k:
+      raise ValueError(
+          f"fit runs {micro_steps} micro-batches per epoch, not a multiple of "
+          f"gradient_accumulation_steps={k}: a logical batch would straddle two epochs and "
+          "could hold an example twice. Choose steps per epoch divisible by k.")
+    if budget.steps_per_epoch != micro_steps // k:
+      raise ValueError(
+          f"fit runs {micro_steps} micro-batches, i.e. {micro_steps // k} logical steps, per "
+          f"epoch (gradient_accumulation_steps={k}), but PrivacyBudget was given "
+          f"steps_per_epoch={budget.steps_per_epoch!r}; steps_per_epoch counts logical steps.")
 
 
 def noise_multiplier_for_budget(target_epsilon, delta, dataset_size, batch_size, epochs, *,

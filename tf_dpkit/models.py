@@ -34,7 +34,7 @@ from tf_dpkit.data.poisson import pipeline_of
 from tf_dpkit.clipping import _keras_internals
 from tf_dpkit.clipping.examples import (check_loss_is_per_example, mark_per_example,
                                         per_example_loss_function)
-from tf_dpkit.optimizers import is_dp_optimizer
+from tf_dpkit.optimizers import accumulation, is_dp_optimizer
 from tf_dpkit.model_gradients import clipped_sum_for_model
 
 
@@ -183,6 +183,7 @@ class _DPTrainStep:
     self._dp_fit_pipeline = pipeline_of(x)
     replicas = self.distribute_strategy.num_replicas_in_sync
     pipeline = self._dp_fit_pipeline
+    accumulation.check_fit(self, pipeline)  # virtual batches (gradient_accumulation_steps)
     if (pipeline is not None and pipeline.sampling == "poisson"
         and pipeline.replicas != replicas):
       raise ValueError(
@@ -212,7 +213,7 @@ class _DPTrainStep:
     variables = self.trainable_variables
     self._check_no_activity_regularizers()
     clipped, y_pred = clipped_sum_for_model(
-        self, self._dp_per_example_loss, x, y, sample_weight, optimizer.l2_norm_clip,
+        self, self._dp_per_example_loss, x, y, sample_weight, optimizer.l2_norm_clip_for_step(),
         optimizer.replica_num_microbatches(), self.per_example_method)
     self._check_no_added_losses()
     mean_loss = tf.reduce_mean(clipped.losses)
@@ -227,6 +228,7 @@ class _DPTrainStep:
     batch = tf.shape(tf.nest.flatten(x)[0])[0]
     self._loss_tracker.update_state(mean_loss, sample_weight=batch)
     logs = self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    logs.update(optimizer.dp_logs())  # the adaptive clip norm, if any
     if _keras_internals.multi_worker(self):
       logs = _keras_internals.logs_for_multi_worker(logs)
     return logs

@@ -424,15 +424,23 @@ class PoissonSampling:
                        f"num_examples={self.num_examples}.")
     return self._dataset(structure)
 
-  def _dataset(self, structure) -> tf.data.Dataset:
-    def element(step):
-      indices, weights = self.batch_indices(step)
-      return _gather(structure, indices, weights)
+  def _dataset(self, structure, accumulation_steps: int = 1) -> tf.data.Dataset:
+    if accumulation_steps == 1:
+      def element(step):
+        indices, weights = self.batch_indices(step)
+        return _gather(structure, indices, weights)
 
-    dataset = tf.data.Dataset.range(self.steps).map(
-        element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+      dataset = tf.data.Dataset.range(self.steps).map(
+          element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    else:
+      dataset = _split_logical_batches(
+          tf.data.Dataset.range(self.steps).map(
+              lambda step: tf.where(self.selected(step))[:, 0],
+              num_parallel_calls=tf.data.AUTOTUNE, deterministic=True),
+          structure, accumulation_steps)
     return _tagged(dataset, Pipeline("poisson", self.num_examples, self.expected_batch_size,
-                                     self.steps_per_epoch, self.sampling_probability))
+                                     self.steps_per_epoch, self.sampling_probability,
+                                     accumulation_steps=accumulation_steps))
 
 
 def secret_seed() -> int:
@@ -442,7 +450,8 @@ def secret_seed() -> int:
 
 def poisson_batches(data, *, sampling_probability: float | None = None,
                     expected_batch_size: float | None = None, steps: int,
-                    seed: int | None = None) -> tf.data.Dataset:
+                    seed: int | None = None,
+                    gradient_accumulation_steps: int | None = None) -> tf.data.Dataset:
   """A ``tf.data.Dataset`` of ``steps`` Poisson-sampled batches of ``data``.
 
   Each batch includes every example independently with probability ``q`` (see module doc for
@@ -462,9 +471,18 @@ def poisson_batches(data, *, sampling_probability: float | None = None,
       ``[-2**63, 2**63 - 1]``; batch ``t`` depends only on ``(seed, t)``.  A seed that others
       know reveals every batch and voids the subsampling amplification the accounted epsilon
       relies on: fix it only for tests and reproducible experiments.
+    gradient_accumulation_steps: None or 1 (default: one element per batch), or k >= 2:
+      virtual batches (``tf_dpkit.optimizers.accumulation``).  Each Poisson batch ``B_t``
+      (the same batch as without k, for the same seed) is emitted as k consecutive chunks,
+      chunk ``j`` holding the examples at positions ``[floor(j|B|/k), floor((j+1)|B|/k))`` of
+      ``B_t``'s ascending indices (sizes ``floor`` or ``ceil`` of ``|B|/k``; an empty chunk is
+      one example of weight 0).  The chunks are disjoint and their union is ``B_t``: train
+      with a DP optimizer built with the same ``gradient_accumulation_steps`` and
+      ``expected_batch_size = qN`` (the logical batch's), which noises once per ``B_t``.
+      ``steps`` still counts logical batches; the dataset has ``k * steps`` elements.
 
   Returns:
-    A dataset of ``steps`` elements: ``(x_b, y_b, weight)`` for ``data = (x, y)`` (in general
+    A dataset of ``steps`` elements (``k * steps`` chunks with accumulation): ``(x_b, y_b, weight)`` for ``data = (x, y)`` (in general
     a tuple's gathered components then ``weight``, e.g. ``({"image": x_b}, y_b, weight)`` for
     ``({"image": x}, y)``); ``(d_b, None, weight)`` for a dict ``d`` (inputs only, see the
     module doc); ``(x_b, weight)`` for one array.  A dataset ``data`` gives what its element
@@ -485,9 +503,39 @@ def poisson_batches(data, *, sampling_probability: float | None = None,
       convertible to a tensor (for a dataset: a component that is not a dense tensor).
   """
   _check_one_rate(sampling_probability, expected_batch_size)
+  chunks = _accumulation_steps(gradient_accumulation_steps)
   structure, n = _as_structure(data)
   sampling = _sampling(n, sampling_probability, expected_batch_size, steps, seed)
-  return sampling._dataset(structure)  # pylint: disable=protected-access
+  return sampling._dataset(structure, chunks)  # pylint: disable=protected-access
+
+
+def _accumulation_steps(value) -> int:
+  """``gradient_accumulation_steps`` of a pipeline: None or 1 -> 1, else an integer >= 2."""
+  if value is None:
+    return 1
+  return _checks.check_integer("gradient_accumulation_steps", value, minimum=1)
+
+
+def _split_logical_batches(batches: tf.data.Dataset, structure, chunks: int) -> tf.data.Dataset:
+  """Each element of ``batches`` (int64 example indices of one logical batch, possibly none)
+  becomes ``chunks`` elements: balanced consecutive slices ``[floor(j n / k), floor((j+1) n /
+  k))``, an empty slice as example 0 with weight 0 (module doc)."""
+  k = tf.constant(chunks, tf.int64)
+
+  def split(chosen):
+    size = tf.size(chosen, out_type=tf.int64)
+
+    def chunk(j):
+      part = chosen[(j * size) // k:((j + 1) * size) // k]
+      count = tf.size(part, out_type=tf.int64)
+      padded = tf.maximum(count, 1)
+      indices = tf.concat([part, tf.zeros([1], tf.int64)], axis=0)[:padded]
+      weights = tf.cast(tf.range(padded) < count, tf.float32)
+      return _gather(structure, indices, weights)
+
+    return tf.data.Dataset.range(chunks).map(chunk)
+
+  return batches.flat_map(split)
 
 
 def _check_one_rate(sampling_probability, expected_batch_size) -> None:
@@ -604,7 +652,8 @@ def distributed_poisson_batches(strategy, data, *, sampling_probability: float |
 
 
 def shuffled_batches(data, batch_size: int, epochs: int, seed: int | None = None,
-                     drop_remainder: bool = True) -> tf.data.Dataset:
+                     drop_remainder: bool = True,
+                     gradient_accumulation_steps: int | None = None) -> tf.data.Dataset:
   """Shuffle-and-batch: each epoch, a fresh permutation of ``data`` cut into batches.
 
   WARNING: the Poisson-sampling epsilon does NOT hold for this pipeline.  Examples do not join
@@ -626,6 +675,11 @@ def shuffled_batches(data, batch_size: int, epochs: int, seed: int | None = None
       (a different random subset each epoch), giving ``N // batch_size`` full batches per epoch
       and a static batch dimension; if False, ``ceil(N / batch_size)`` batches per epoch, the
       last one smaller, and batch dimension ``None``.
+    gradient_accumulation_steps: None or 1, or k >= 2: every batch of ``batch_size`` (the
+      logical batch) is emitted as k consecutive chunks of sizes ``floor`` or ``ceil`` of
+      ``batch_size / k`` (split as in :func:`poisson_batches`), for a DP optimizer with the
+      same ``gradient_accumulation_steps``.  Needs ``drop_remainder=True`` and ``batch_size
+      >= k`` (no chunk is empty, so the optimizer's microbatch count is ``batch_size``).
 
   Returns:
     A dataset of ``epochs * batches_per_epoch`` elements ``(x_b, y_b, weight)`` for ``(x, y)``
@@ -638,9 +692,15 @@ def shuffled_batches(data, batch_size: int, epochs: int, seed: int | None = None
       not an int64 integer, or ``data`` malformed (as for :func:`poisson_batches`).
     TypeError: ``data`` not an accepted structure (as for :func:`poisson_batches`).
   """
+  chunks = _accumulation_steps(gradient_accumulation_steps)
   structure, n = _as_structure(data)
   batch_size = _checks.check_integer("batch_size", batch_size, minimum=1, maximum=n)
   epochs = _checks.check_integer("epochs", epochs, minimum=1)
+  if chunks > 1 and (not drop_remainder or batch_size < chunks):
+    raise ValueError(
+        f"gradient_accumulation_steps={chunks} needs drop_remainder=True and batch_size >= "
+        f"{chunks} (every chunk non-empty), got batch_size={batch_size}, "
+        f"drop_remainder={drop_remainder!r}.")
   seed = _checks.check_integer("seed", secret_seed() if seed is None else seed,
                                minimum=_INT64_MIN, maximum=_INT64_MAX)
   base_seed = _seed_pair(noise_lib.SecretInt(seed).prepare(), _SHUFFLE_STREAM)
@@ -655,10 +715,14 @@ def shuffled_batches(data, batch_size: int, epochs: int, seed: int | None = None
   def element(indices):
     return _gather(structure, indices, tf.ones(tf.shape(indices), tf.float32))
 
-  dataset = tf.data.Dataset.range(epochs).flat_map(epoch_batches).map(
-      element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  batches = tf.data.Dataset.range(epochs).flat_map(epoch_batches)
+  if chunks == 1:
+    dataset = batches.map(element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  else:
+    dataset = _split_logical_batches(batches, structure, chunks)
   per_epoch = n // batch_size if drop_remainder else -(-n // batch_size)
-  return _tagged(dataset, Pipeline("shuffle", n, batch_size, per_epoch))
+  return _tagged(dataset, Pipeline("shuffle", n, batch_size, per_epoch,
+                                   accumulation_steps=chunks))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -669,7 +733,9 @@ class Pipeline:
   expected (Poisson: qN) or fixed batch size; ``steps_per_epoch``; ``sampling_probability`` q
   for Poisson (None for shuffle); ``replicas``: the number of replicas a
   :func:`distributed_poisson_batches` dataset feeds (1 for the others, which feed one replica
-  or are split by ``tf.distribute``).  Read it with :func:`pipeline_of`.
+  or are split by ``tf.distribute``); ``accumulation_steps``: k, the chunks each logical batch
+  is emitted as (``gradient_accumulation_steps``; ``batch_size`` and ``steps_per_epoch`` are
+  those of the logical batches).  Read it with :func:`pipeline_of`.
   """
   sampling: str
   num_examples: int
@@ -677,6 +743,7 @@ class Pipeline:
   steps_per_epoch: int
   sampling_probability: float | None = None
   replicas: int = 1
+  accumulation_steps: int = 1
 
 
 def _tagged(dataset: tf.data.Dataset, pipeline: Pipeline) -> tf.data.Dataset:

@@ -155,19 +155,19 @@ class GradientAccumulation:
         self._sums, self._shapes, self._graph = None, None, graph
 
   def _sum_variables(self, grads):
-    """One float accumulator per non-None gradient, made on first use (outside any trace)."""
+    """One float accumulator per non-None gradient, made on first use (outside any trace).
+
+    The variables have no fixed shape (a traced gradient's static shape may be partly unknown):
+    they start as a scalar 0 and take the gradient's shape on the first micro-step."""
     self._counter_variables()
-    shapes = tuple(None if g is None else (tuple(g.shape.as_list()), g.dtype) for g in grads)
+    kinds = tuple(None if g is None else (g.shape.rank, g.dtype) for g in grads)
     if self._sums is None:
-      if any(s is not None and None in s[0] for s in shapes):
-        raise ValueError("gradient_accumulation_steps needs gradients of static shape; got "
-                         f"shapes {[None if s is None else s[0] for s in shapes]}.")
       with tf.init_scope():
-        self._sums = [None if s is None else tf.Variable(tf.zeros(s[0], s[1]), trainable=False,
-                                                         name="dp_accumulated_clipped_sum")
-                      for s in shapes]
-      self._shapes = shapes
-    elif shapes != self._shapes:
+        self._sums = [None if kind is None else tf.Variable(
+            tf.zeros([], kind[1]), shape=tf.TensorShape(None), trainable=False,
+            name="dp_accumulated_clipped_sum") for kind in kinds]
+      self._shapes = kinds
+    elif kinds != self._shapes:
       raise ValueError(
           "gradient_accumulation_steps: this micro-step's gradients do not match the variables "
           "of the earlier micro-steps (the same variables, in the same order, must be trained "
@@ -199,7 +199,8 @@ class GradientAccumulation:
     sums = self._sum_variables(clipped_grads)
     position = self._position.read_value()
     is_release = tf.equal(position + 1, self.steps)
-    totals = [None if g is None else s.read_value() + g for s, g in zip(sums, clipped_grads)]
+    totals = [None if g is None else _with_shape_of(s.read_value() + g, g)
+              for s, g in zip(sums, clipped_grads)]
     count = self._count.read_value() + tf.cast(microbatches, tf.int64)
     present = [i for i, t in enumerate(totals) if t is not None]
 
@@ -228,8 +229,52 @@ class GradientAccumulation:
     self._release = is_release
     return grads, is_release
 
+  def discard(self) -> None:
+    """Drops the micro-batches accumulated since the last release (nothing is released, so
+    nothing is spent): the next micro-step starts a new logical batch.  DP models call it at
+    the start of every ``fit``, so a logical batch never mixes chunks of two pipelines."""
+    self._counter_variables()
+    self._position.assign(0)
+    self._count.assign(0)
+    for s in self._sums or ():
+      if s is not None:
+        s.assign(tf.zeros([], s.dtype))
+
   def last_release_flag(self):
     """The ``is_release`` tensor of the latest :meth:`step` (for the optimizer's ``apply``)."""
     if self._release is None:
       raise ValueError("apply() before any private gradient was computed.")
     return self._release
+
+
+def _with_shape_of(value, like):
+  """``value`` (the broadcast of a scalar 0 or a same-shape sum with ``like``) with ``like``'s
+  shape, static dimensions included."""
+  value = tf.broadcast_to(value, tf.shape(like))
+  value.set_shape(like.shape)
+  return value
+
+
+def check_fit(model, pipeline) -> None:
+  """Before ``fit`` of a DP model: refuses a pipeline cut into another number of chunks than
+  the optimizer's ``gradient_accumulation_steps``, and accumulation under several replicas;
+  then discards any partial logical batch left by an earlier ``fit`` or custom loop."""
+  optimizer = getattr(model, "optimizer", None)
+  accumulation = getattr(optimizer, "_dp_accumulation", None)
+  k = 1 if accumulation is None else accumulation.steps
+  chunks = 1 if pipeline is None else pipeline.accumulation_steps
+  if chunks != k:
+    raise ValueError(
+        f"x: batches split into {chunks} chunk(s) per logical batch "
+        f"(gradient_accumulation_steps={chunks} in the pipeline), but the optimizer has "
+        f"gradient_accumulation_steps={k}: each {'chunk would be noised and applied as a step' if k == 1 else 'release would mix chunks of different logical batches'}. "
+        "Build both with the same gradient_accumulation_steps.")
+  if accumulation is None:
+    return
+  replicas = model.distribute_strategy.num_replicas_in_sync
+  if replicas > 1:
+    raise NotImplementedError(
+        f"gradient_accumulation_steps={k} is not supported under "
+        f"{type(model.distribute_strategy).__name__} with {replicas} replicas; train on one "
+        "replica, or use a larger global batch instead of accumulation.")
+  accumulation.discard()
