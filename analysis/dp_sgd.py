@@ -27,6 +27,14 @@ Every epsilon the toolkit reports for DP-SGD (the command line, noise calibratio
     ``SampledWithoutReplacementEvent(N, b, Gaussian(sigma / 2))`` composed ``steps`` times,
     under replace-one adjacency.
 
+* **Steps are releases.**  ``steps`` counts noised releases.  With virtual batches
+  (gradient accumulation over ``k`` micro-batches, ``tf_dpkit.optimizers.accumulation``) one
+  step is one LOGICAL batch, noised once: its ``sampling_probability`` / ``batch_size`` /
+  ``steps_per_epoch`` are the logical batch's, and micro-batches are never counted.  This is
+  sound only when the ``k`` micro-batches are disjoint parts of one batch of the stated
+  sampling (one Poisson sample split into chunks; consecutive parts of one epoch's
+  permutation), so that one example moves the released sum by at most one sensitivity.
+
 No TensorFlow import.
 """
 from __future__ import annotations

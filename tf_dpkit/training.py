@@ -19,6 +19,11 @@ calibrates and the epsilon the callback logs are all those of one event,
 * ``sampling="shuffle"``: every epoch a fresh permutation cut into ``N // b`` batches of ``b``
   (``tf_dpkit.data.shuffled_batches``, the remainder dropped); no amplification is claimed.
   ``num_microbatches`` is allowed here only (Poisson batches have variable size).
+* ``gradient_accumulation_steps=k`` (virtual batches, ``tf_dpkit.optimizers.accumulation``):
+  ``batch_size`` is the LOGICAL batch; the pipeline emits each logical batch as k disjoint
+  chunks, the optimizer noises and steps once per logical batch, ``fit`` runs
+  ``k * steps_per_epoch`` micro-steps per epoch, and the event, epsilon and budget count
+  logical steps (the same numbers as without k).
 
 Any two of ``noise_multiplier``, ``epochs`` and ``target_epsilon`` determine the third:
 calibrated noise for a budget, the largest number of whole epochs within a budget, or the
@@ -36,6 +41,7 @@ from analysis import accountants as _accountants
 from tf_dpkit import budget as budget_lib
 from tf_dpkit.data import poisson as pipelines
 from tf_dpkit.optimizers import make_gaussian_optimizer_class
+from tf_dpkit.optimizers import accumulation as accumulation_lib
 
 __all__ = ["DPTraining", "make_private"]
 
@@ -49,12 +55,14 @@ class DPTraining:
   Attributes (read-only): ``dataset_size`` N, ``batch_size`` b (expected for Poisson),
   ``sampling_probability`` q = b / N, ``epochs``, ``steps_per_epoch``, ``steps``,
   ``l2_norm_clip`` C, ``noise_multiplier`` sigma, ``num_microbatches``, ``delta``,
-  ``target_epsilon`` (None: not enforced), ``sampling``, ``accountant``.
+  ``target_epsilon`` (None: not enforced), ``sampling``, ``accountant``,
+  ``gradient_accumulation_steps`` k (1: none; ``steps`` and ``steps_per_epoch`` count
+  logical steps).
   """
 
   def __init__(self, structure, dataset_size, *, batch_size, epochs, l2_norm_clip,
                noise_multiplier, delta, target_epsilon, sampling, num_microbatches,
-               accountant):
+               accountant, gradient_accumulation_steps=1):
     self._data = structure
     self.dataset_size = dataset_size
     self.batch_size = batch_size
@@ -66,6 +74,7 @@ class DPTraining:
     self.sampling = sampling
     self.num_microbatches = num_microbatches
     self.accountant = accountant
+    self.gradient_accumulation_steps = gradient_accumulation_steps
 
   def __repr__(self):
     return (f"DPTraining(N={self.dataset_size}, batch_size={self.batch_size}, "
@@ -115,10 +124,12 @@ class DPTraining:
       raise TypeError("DPTraining.optimizer needs a Keras 3 optimizer class (e.g. "
                       f"keras.optimizers.SGD), got {base!r}.")
     clash = sorted(set(kwargs) & {"l2_norm_clip", "noise_multiplier", "num_microbatches",
-                                  "expected_batch_size"})
+                                  "expected_batch_size", "gradient_accumulation_steps"})
     if clash:
       raise ValueError(f"{clash} are set by the DPTraining configuration; change them there.")
     expected = float(self.batch_size) if self.sampling == "poisson" else None
+    if self.gradient_accumulation_steps > 1:
+      kwargs["gradient_accumulation_steps"] = self.gradient_accumulation_steps
     return make_gaussian_optimizer_class(base)(
         self.l2_norm_clip, self.noise_multiplier, self.num_microbatches,
         expected_batch_size=expected, **kwargs)
@@ -129,11 +140,13 @@ class DPTraining:
     ``seed``: None (default: secret, from the OS) or an integer, for tests only (a known seed
     voids amplification by sampling).
     """
+    k = self.gradient_accumulation_steps
     if self.sampling == "poisson":
       return pipelines.poisson_batches(self._data, expected_batch_size=self.batch_size,
-                                       steps=self.steps, seed=seed)
+                                       steps=self.steps, seed=seed,
+                                       gradient_accumulation_steps=k)
     return pipelines.shuffled_batches(self._data, self.batch_size, self.epochs, seed=seed,
-                                      drop_remainder=True)
+                                      drop_remainder=True, gradient_accumulation_steps=k)
 
   def budget(self, *, verbose: bool = True) -> budget_lib.PrivacyBudget:
     """The :class:`tf_dpkit.budget.PrivacyBudget` for this run (enforces ``target_epsilon``)."""
@@ -144,10 +157,11 @@ class DPTraining:
         accountant=self.accountant, verbose=verbose)
 
   def fit_arguments(self, *, seed: int | None = None, callbacks=(), verbose: bool = True):
-    """``model.fit(**these)``: the batches, epochs, steps per epoch and callbacks (the
+    """``model.fit(**these)``: the batches, epochs, steps per epoch (micro-steps: ``k *
+    steps_per_epoch`` with ``gradient_accumulation_steps=k``) and callbacks (the
     :meth:`budget` first, then ``callbacks``)."""
     return {"x": self.dataset(seed), "epochs": self.epochs, "shuffle": False,
-            "steps_per_epoch": self.steps_per_epoch,
+            "steps_per_epoch": self.steps_per_epoch * self.gradient_accumulation_steps,
             "callbacks": [self.budget(verbose=verbose), *callbacks]}
 
 
@@ -165,7 +179,8 @@ def _event(sampling, n, b, microbatch_size, sigma, steps):
 def make_private(data, *, batch_size: int, l2_norm_clip: float, delta: float,
                  epochs: int | None = None, noise_multiplier: float | None = None,
                  target_epsilon: float | None = None, sampling: str = "poisson",
-                 num_microbatches: int | None = None, accountant: str = "rdp") -> DPTraining:
+                 num_microbatches: int | None = None, accountant: str = "rdp",
+                 gradient_accumulation_steps: int | None = None) -> DPTraining:
   """Builds the :class:`DPTraining` of a run (see the module docstring).
 
   Args:
@@ -185,6 +200,9 @@ def make_private(data, *, batch_size: int, l2_norm_clip: float, delta: float,
     sampling: ``"poisson"`` or ``"shuffle"``.
     num_microbatches: microbatches per batch (``"shuffle"`` only), dividing ``batch_size``.
     accountant: ``"rdp"`` or ``"pld"``.
+    gradient_accumulation_steps: None or 1 (off), or k >= 2: each logical batch of (expected)
+      size ``batch_size`` is trained as k physical chunks, noised and applied once (module
+      docstring).  Not with ``num_microbatches``; with ``"shuffle"`` needs ``batch_size >= k``.
 
   Raises:
     ValueError / TypeError: an argument out of range (named in the message), a missing one,
@@ -209,6 +227,13 @@ def make_private(data, *, batch_size: int, l2_norm_clip: float, delta: float,
                                              maximum=b)
     if b % num_microbatches:
       raise ValueError(f"num_microbatches must divide batch_size={b}, got {num_microbatches}.")
+  k = accumulation_lib.check_accumulation_steps(gradient_accumulation_steps)
+  if k > 1 and num_microbatches is not None:
+    raise ValueError(f"gradient_accumulation_steps={k} with num_microbatches is not supported "
+                     "by make_private; leave num_microbatches=None (per-example clipping).")
+  if k > 1 and sampling == "shuffle" and b < k:
+    raise ValueError(f"gradient_accumulation_steps={k} splits each batch of batch_size={b} "
+                     f"into {k} non-empty chunks: needs batch_size >= {k}.")
   if sampling == "shuffle" and n // b < 1:
     raise ValueError(f"batch_size={b} leaves no full batch of N={n} examples.")
   given = [name for name, value in (("epochs", epochs), ("noise_multiplier", noise_multiplier),
@@ -248,7 +273,8 @@ def make_private(data, *, batch_size: int, l2_norm_clip: float, delta: float,
   return DPTraining(structure, n, batch_size=b, epochs=epochs, l2_norm_clip=clip,
                     noise_multiplier=noise_multiplier, delta=delta,
                     target_epsilon=target_epsilon, sampling=sampling,
-                    num_microbatches=num_microbatches, accountant=accountant)
+                    num_microbatches=num_microbatches, accountant=accountant,
+                    gradient_accumulation_steps=k)
 
 
 def _most_epochs(fits) -> int:
