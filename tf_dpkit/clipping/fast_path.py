@@ -38,6 +38,7 @@ from tf_dpkit.clipping.examples import (isolated_per_example_losses, map_example
                                         per_example_weights, pfor_is_safe)
 from tf_dpkit.clipping.per_example import assert_nonempty
 from tf_dpkit.clipping.rules import LayerTrace, group_examples, lookup_rule
+from tf_dpkit.clipping.rules._linear import per_example_groups
 
 
 def _shared_trainable_layers(graph):
@@ -268,7 +269,9 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
   x, y, sample_weight = inputs
   batch = tf.shape(tf.nest.flatten(x)[0])[0]
   sample_weight = per_example_weights(sample_weight, batch)
-  groups = batch if num_microbatches is None else num_microbatches
+  # One microbatch per example: marked, so that rules keep static per-example shapes (and
+  # choose their cheaper form) when the batch size is unknown while tracing.
+  groups = per_example_groups(batch) if num_microbatches is None else num_microbatches
   checks = [assert_nonempty(batch)]
   if num_microbatches is not None:
     checks.append(tf.debugging.assert_equal(

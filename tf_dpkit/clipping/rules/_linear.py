@@ -2,8 +2,16 @@
 
 Linear maps ``z_s = a_s W`` summed over positions ``s`` (Dense on sequences, convolutions
 after unfolding) have per-microbatch gradient ``A^T G``; its squared norm is computed either
-explicitly (cost ``M S d p``) or with the Gram form ``sum((A A^T) * (G G^T))`` (cost
-``M S^2 (d + p)``), whichever is cheaper for the static shapes.
+explicitly (cost ``M S d p``, memory ``M d p``) or with the Gram form
+``sum((A A^T) * (G G^T))`` (cost ``M S^2 (d + p)``), whichever is cheaper.
+
+The choice needs ``S`` (positions per microbatch), ``d`` and ``p``, which must not depend on
+the batch size being known while tracing (Poisson batches and Keras's array batches have a
+``None`` batch dimension): :func:`as_sequence` and :func:`group_examples` keep every static
+size other than the batch, and :func:`per_example_groups` marks the ``num_groups`` of one
+microbatch per example, so that the group length ``S`` is static then too.  Only when the
+number of examples per microbatch is itself unknown while tracing (microbatches of a
+``None``-sized batch) is the choice made when the step runs.
 """
 from __future__ import annotations
 
@@ -11,15 +19,50 @@ import tensorflow as tf
 
 from tf_dpkit.clipping import _keras_internals
 
-
-def group_examples(tensor, num_groups):
-  """[B, S, ...] -> [M, (B/M) S, ...]: a microbatch becomes one long "example"."""
-  shape = tf.shape(tensor)
-  return tf.reshape(tensor, tf.concat([[num_groups, -1], shape[2:]], 0))
+_ONE_PER_EXAMPLE = "_tf_dpkit_one_example_per_group"
 
 
 def static(dim):
   return tf.compat.dimension_value(dim)
+
+
+def per_example_groups(batch_size):
+  """``num_groups`` for one microbatch per example: the batch size ``B`` (int32 scalar), marked
+  so that :func:`examples_per_group` knows ``k = 1`` while tracing even when ``B`` is not."""
+  groups = tf.identity(batch_size)
+  setattr(groups, _ONE_PER_EXAMPLE, True)
+  return groups
+
+
+def examples_per_group(num_groups, batch_size=None):
+  """``k = B / M`` as a Python int when it is known while tracing, else None.
+
+  Known when ``num_groups`` came from :func:`per_example_groups` (``k = 1``), or when both
+  ``M`` and the static batch size ``batch_size`` are known.
+  """
+  if getattr(num_groups, _ONE_PER_EXAMPLE, False):
+    return 1
+  groups = tf.get_static_value(num_groups)
+  if groups is None or batch_size is None or int(groups) <= 0 or batch_size % int(groups):
+    return None
+  return int(batch_size) // int(groups)
+
+
+def group_examples(tensor, num_groups):
+  """[B, S, ...] -> [M, (B/M) S, ...]: a microbatch becomes one long "example".
+
+  Every static size of the result except ``M`` is kept whenever ``B/M`` is known while tracing
+  (:func:`examples_per_group`), whether or not ``B`` is.
+  """
+  k = examples_per_group(num_groups, static(tensor.shape[0]))
+  if k == 1:
+    return tensor
+  shape = tf.shape(tensor)
+  length = static(tensor.shape[1])
+  length = -1 if k is None or length is None else k * length
+  rest = [static(d) if static(d) is not None else shape[i + 2]
+          for i, d in enumerate(tensor.shape[2:])]
+  return tf.reshape(tensor, tf.stack([num_groups, length] + rest))
 
 
 class LinearNorms:
@@ -40,12 +83,22 @@ class LinearNorms:
     a = group_examples(a, num_groups)
     g = group_examples(g, num_groups)
     s, d, p = static(a.shape[1]), static(a.shape[2]), static(g.shape[2])
-    use_gram = s is not None and d is not None and p is not None and s * s * (d + p) < s * d * p
-    if use_gram:
-      norms = tf.reduce_sum(
-          tf.matmul(a, a, transpose_b=True) * tf.matmul(g, g, transpose_b=True), axis=[1, 2])
+    if s is None and d is not None and p is not None:
+      # Examples per microbatch unknown while tracing: choose when the step runs; the clipped
+      # sum then comes from the vector-Jacobian product (no per-microbatch gradients kept).
+      s = tf.shape(a)[1]
+      norms = tf.cond(s * (d + p) < d * p, lambda: self._gram_squared_norms(a, g),
+                      lambda: tf.reduce_sum(tf.square(tf.matmul(a, g, transpose_a=True)),
+                                            axis=[1, 2]))
       return norms + self._bias_squared_norms(g)
+    if s is not None and d is not None and p is not None and s * (d + p) < d * p:
+      return self._gram_squared_norms(a, g) + self._bias_squared_norms(g)
     return self._explicit_squared_norms(tf.matmul(a, g, transpose_a=True), g)  # [M, d, p]
+
+  @staticmethod
+  def _gram_squared_norms(a, g):
+    return tf.reduce_sum(
+        tf.matmul(a, a, transpose_b=True) * tf.matmul(g, g, transpose_b=True), axis=[1, 2])
 
   def squared_norms_from_kernel_grads(self, kernel_grads, g, num_groups):
     """As :meth:`squared_norms`, given the per-microbatch kernel gradients [M, d, p] (formed by
@@ -74,9 +127,14 @@ class LinearNorms:
 
 
 def as_sequence(t):
-  """[B, ..., d] -> [B, S, d] (S = product of the middle dims, 1 for 2-D)."""
+  """[B, ..., d] -> [B, S, d] (S = product of the middle dims, 1 for 2-D), keeping the static
+  ``S`` and ``d`` when the batch size is unknown while tracing."""
   shape = tf.shape(t)
-  return tf.reshape(t, tf.stack([shape[0], -1, shape[-1]]))
+  rank = t.shape.rank
+  middle = t.shape[1:-1].num_elements() if rank is not None else None
+  last = static(t.shape[-1]) if rank is not None else None
+  return tf.reshape(t, tf.stack([shape[0], -1 if middle is None else middle,
+                                 shape[-1] if last is None else last]))
 
 
 def propagate_mask(inputs, outputs):
