@@ -256,13 +256,15 @@ def _with_shape_of(value, like):
 
 
 def check_fit(model, pipeline) -> None:
-  """Before ``fit`` of a DP model: refuses a pipeline cut into another number of chunks than
-  the optimizer's ``gradient_accumulation_steps``, and accumulation under several replicas;
+  """Before ``fit`` of a DP model: refuses a tf_dpkit pipeline cut into another number of
+  chunks than the optimizer's ``gradient_accumulation_steps``, and accumulation under several
+  replicas;
   then discards any partial logical batch left by an earlier ``fit`` or custom loop."""
   optimizer = getattr(model, "optimizer", None)
   accumulation = getattr(optimizer, "_dp_accumulation", None)
   k = 1 if accumulation is None else accumulation.steps
-  chunks = 1 if pipeline is None else pipeline.accumulation_steps
+  # An untagged input (arrays, other datasets) is checked by PrivacyBudget when one is used.
+  chunks = k if pipeline is None else pipeline.accumulation_steps
   if chunks != k:
     raise ValueError(
         f"x: batches split into {chunks} chunk(s) per logical batch "
