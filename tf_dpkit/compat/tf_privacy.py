@@ -27,8 +27,12 @@ Contract:
   for ``tf.keras.Sequential(...)``; ``DPModel`` likewise).
 * The noise key is tf_dpkit's: secret (OS entropy) unless ``seed=`` is passed, never in a config.
 
-Differences on purpose (each raises or is stated where it applies): ``gradient_accumulation_steps``
-(see :func:`make_keras_optimizer_class`), ``layer_registry`` (tf_dpkit chooses its fast
+``gradient_accumulation_steps=k`` keeps TF Privacy's update distribution exactly: TF Privacy
+noised every micro-step with noise multiplier sigma, tf_dpkit noises the accumulated logical
+batch once, with sigma * sqrt(k) (the sum of k independent noises), which is then the
+optimizer's ``noise_multiplier`` and what the accountant sees.
+
+Differences on purpose (each raises or is stated where it applies): ``layer_registry`` (tf_dpkit chooses its fast
 per-layer clipping itself), ``compute_noise`` with a ``noise_lbd`` that already meets the budget
 (TF Privacy returned 0, i.e. no noise; here the calibrated noise), and the privacy statement's
 numbers (tighter where exact: the once-per-epoch epsilon is the exact Gaussian one).
@@ -49,6 +53,7 @@ from analysis import _checks
 from analysis import calibration
 from analysis import compute_dp_sgd_privacy as _privacy_lib
 from tf_dpkit import models as _models
+from tf_dpkit.optimizers import accumulation as _accumulation
 from tf_dpkit.optimizers import is_dp_optimizer, make_gaussian_optimizer_class
 from tf_dpkit.optimizers.certificate import NOT_PRIVATE_MESSAGE
 
@@ -83,13 +88,6 @@ KERAS3_FIT_MESSAGE = (
 # ------------------------------------------------------------------------------------------
 # Optimizers.
 
-def _accumulation_steps(value) -> int:
-  """TF Privacy's ``gradient_accumulation_steps`` (Keras 3 configs store None for 1)."""
-  if value is None:
-    return 1
-  return _checks.check_integer("gradient_accumulation_steps", value, minimum=1)
-
-
 def _check_no_grad_loss(grad_loss):
   if grad_loss is not None:
     raise ValueError("grad_loss is not supported: the DP optimizer differentiates the vector "
@@ -103,19 +101,22 @@ class _TFPrivacyOptimizer:
 
   def _tfp_init(self, l2_norm_clip, noise_multiplier, num_microbatches, accumulation, args,
                 kwargs):
-    steps = _accumulation_steps(accumulation)
+    steps = _accumulation.check_accumulation_steps(accumulation)  # None (Keras configs): 1
+    sigma = noise_multiplier
     if steps > 1:
-      raise ValueError(
-          f"gradient_accumulation_steps={steps}: not available in tf_dpkit yet. TF Privacy "
-          "added noise of std noise_multiplier * l2_norm_clip at each of the k micro-steps "
-          "(an effective noise multiplier of noise_multiplier * sqrt(k) on the batch of k "
-          "micro-batches); tf_dpkit's accumulation (planned: issue 17) will accumulate the "
-          "clipped sums over k micro-steps and add the noise once. Until then train on "
-          "batches k times larger (or Poisson batches with a k times larger "
-          "expected_batch_size), or leave gradient_accumulation_steps=1.")
-    type(self)._tfp_dp_class.__init__(self, l2_norm_clip, noise_multiplier, num_microbatches,
-                                      *args, **kwargs)
-    self._tfp_noise_multiplier = self.noise_multiplier  # as given (validated)
+      # TF Privacy noised each of the k micro-steps (std sigma C, divided by the micro-step's
+      # microbatches) and applied the mean of the k results: the logical batch's clipped sum
+      # carries N(0, k sigma^2 C^2 I) over k M microbatches.  tf_dpkit's accumulation releases
+      # the same sum once, so noise multiplier sigma sqrt(k) gives the same distribution (and
+      # is the one TF Privacy said to account with).
+      sigma = _checks.check_finite_nonnegative("noise_multiplier", noise_multiplier)
+      sigma *= math.sqrt(steps)
+      kwargs["gradient_accumulation_steps"] = steps
+    type(self)._tfp_dp_class.__init__(self, l2_norm_clip, sigma, num_microbatches, *args,
+                                      **kwargs)
+    # TF Privacy's argument, for get_config (the optimizer's noise_multiplier is tf_dpkit's).
+    self._tfp_noise_multiplier = (self.noise_multiplier if steps == 1 else
+                                  float(noise_multiplier))
 
   def get_config(self):
     config = super().get_config()
@@ -172,8 +173,12 @@ def _optimizer_doc(name, base, vectorized):
             "always gives a variable the loss does not reach a zero clipped gradient plus "
             "noise (DP-SGD noises every coordinate), where TF Privacy with False left such "
             "variables without a gradient." if vectorized else
-            "gradient_accumulation_steps: int >= 1, default 1; values > 1 raise ValueError "
-            "until tf_dpkit's accumulation lands (see the message).")
+            "gradient_accumulation_steps: k, an integer >= 1, default 1. With k > 1 the "
+            "weights change every k-th call (the mean of k micro-batches' updates), as in TF "
+            "Privacy, whose noise (sigma C added at each micro-step) is reproduced exactly: "
+            "tf_dpkit accumulates the clipped sums and adds noise once with noise multiplier "
+            "sigma * sqrt(k), which the optimizer's ``noise_multiplier`` reports and the "
+            "accountant uses (TF Privacy's own advice); ``iterations`` counts logical steps.")
   return f"""TF Privacy's ``{name}``: tf_dpkit's DP ``keras.optimizers.{base.__name__}``.
 
     ``{name}(l2_norm_clip, noise_multiplier, num_microbatches=None, {fourth.split(':')[0]}=...,
@@ -238,8 +243,9 @@ def make_keras_optimizer_class(cls):
   Returns ``DPKeras<Name>Optimizer`` with TF Privacy's constructor ``(l2_norm_clip,
   noise_multiplier, num_microbatches=None, gradient_accumulation_steps=1, *args, **kwargs)``,
   a subclass of
-  ``tf_dpkit.make_gaussian_optimizer_class(cls)`` (which does every DP step).  Cached per
-  ``cls``.  TF Privacy's DPQuery-based factories (``make_keras_generic_optimizer_class``,
+  ``tf_dpkit.make_gaussian_optimizer_class(cls)`` (which does every DP step; k =
+  ``gradient_accumulation_steps`` > 1 becomes tf_dpkit's accumulation with noise multiplier
+  ``noise_multiplier * sqrt(k)``, TF Privacy's update distribution).  Cached per ``cls``.  TF Privacy's DPQuery-based factories (``make_keras_generic_optimizer_class``,
   ``make_gaussian_query_optimizer_class``) are not provided.
 
   Raises:
