@@ -23,6 +23,7 @@ from tf_dpkit import pate
 from tf_dpkit.models import DPModel, DPSequential, make_dp_model_class
 from tf_dpkit.model_gradients import private_gradients
 from tf_dpkit.training import DPTraining, make_private
+from tf_dpkit.optimizers.adaptive_clipping import AdaptiveClipping
 from tf_dpkit.optimizers import (
     DPAdagradGaussianOptimizer,
     DPAdamGaussianOptimizer,
@@ -39,4 +40,5 @@ __all__ = [
     "DPTraining", "make_private", "v1", "pate", "private_gradients", "DPModel", "DPSequential", "make_dp_model_class", "make_gaussian_optimizer_class",
     "is_dp_optimizer", "DPGradientDescentGaussianOptimizer", "DPAdamGaussianOptimizer",
     "DPAdamWGaussianOptimizer", "DPAdagradGaussianOptimizer", "DPRMSPropGaussianOptimizer",
+    "AdaptiveClipping",
 ]

@@ -77,6 +77,7 @@ def private_gradients(optimizer, model, per_example_loss_fn, x, y, sample_weight
     method: ``"auto"``, ``"fast"`` or ``"vectorized"``.
   """
   clipped, _ = clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight,
-                                     optimizer.l2_norm_clip, optimizer.replica_num_microbatches(),
+                                     optimizer.l2_norm_clip_for_step(),
+                                     optimizer.replica_num_microbatches(),
                                      method)
   return optimizer.privatize(clipped)

@@ -30,6 +30,7 @@ uniforms and the Box-Muller transform, the algorithm of TensorFlow's own normal 
 """
 from __future__ import annotations
 
+import numbers
 import secrets
 
 import numpy as np
@@ -111,13 +112,19 @@ def as_secret(key) -> SecretInt:
   return key if isinstance(key, SecretInt) else SecretInt(key)
 
 
-def add_gaussian_noise(tensors, stddev, key, step, draw=0, replica=None):
+#: The ``stream`` of :func:`add_gaussian_noise` for the noisy count of unclipped examples
+#: (adaptive clipping, ``tf_dpkit.optimizers.adaptive_clipping``).
+STREAM_UNCLIPPED_COUNT = 1
+
+
+def add_gaussian_noise(tensors, stddev, key, step, draw=0, replica=None, stream=None):
   """Returns ``[t + N(0, stddev^2 I) for t in tensors]`` with noise keyed by ``(key, step, draw)``.
 
   Args:
     tensors: list of float tensors (the clipped gradient sums); ``None`` entries stay ``None``.
     stddev: scalar noise standard deviation, ``noise_multiplier * l2_norm_clip`` (same units as
-      the gradients).  ``0`` returns the inputs unchanged (no random op is traced).
+      the gradients): a Python number (``0`` returns the inputs unchanged, no random op is
+      traced) or a scalar tensor (e.g. proportional to an adaptive clip norm).
     key: the noise key from :func:`fresh_key`, an int or a :class:`SecretInt`; it enters the
       graph only through :meth:`SecretInt.tensor`.
     step: integer scalar (Python int or tensor), e.g. the optimizer's ``iterations``.
@@ -126,6 +133,9 @@ def add_gaussian_noise(tensors, stddev, key, step, draw=0, replica=None):
     replica: None, or the replica's id in its sync group (integer scalar) under a
       ``tf.distribute`` strategy with several replicas: folded into the seed, so replicas draw
       independent noise from one key.  None leaves the seed as without a strategy.
+    stream: None (the gradient sum), or a positive integer naming another quantity released
+      at the same ``(key, step, draw)`` (e.g. ``STREAM_UNCLIPPED_COUNT``): folded into the seed
+      last, so its noise is independent of the gradient sum's.
   """
   if isinstance(stddev, (int, float)) and stddev == 0:
     return list(tensors)
@@ -133,6 +143,8 @@ def add_gaussian_noise(tensors, stddev, key, step, draw=0, replica=None):
       tf.stack([as_secret(key).tensor(), tf.cast(step, tf.int64)]), tf.cast(draw, tf.int64))
   if replica is not None:
     base_seed = tf.random.experimental.stateless_fold_in(base_seed, tf.cast(replica, tf.int64))
+  if stream is not None:
+    base_seed = tf.random.experimental.stateless_fold_in(base_seed, tf.constant(-stream, tf.int64))
   noised = []
   for index, tensor in enumerate(tensors):
     if tensor is None:
@@ -144,7 +156,9 @@ def add_gaussian_noise(tensors, stddev, key, step, draw=0, replica=None):
       # A static shape lets the generator run without waiting for the gradient to exist.
       shape = tensor.shape if tensor.shape.is_fully_defined() else tf.shape(tensor)
       noise = stateless_standard_normal(shape, seed, tensor.dtype)
-      noised.append(tensor + tf.constant(stddev, dtype=tensor.dtype) * noise)
+      scale = (tf.constant(stddev, dtype=tensor.dtype) if isinstance(stddev, numbers.Real)
+               else tf.cast(stddev, tensor.dtype))
+      noised.append(tensor + scale * noise)
   return noised
 
 

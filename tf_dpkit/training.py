@@ -37,11 +37,13 @@ import warnings
 import keras
 
 from analysis import _checks, calibration, dp_sgd
+from analysis import adaptive_clipping as adaptive_maths
 from analysis import accountants as _accountants
 from tf_dpkit import budget as budget_lib
 from tf_dpkit.data import poisson as pipelines
 from tf_dpkit.optimizers import make_gaussian_optimizer_class
 from tf_dpkit.optimizers import accumulation as accumulation_lib
+from tf_dpkit.optimizers.adaptive_clipping import AdaptiveClipping
 
 __all__ = ["DPTraining", "make_private"]
 
@@ -57,12 +59,14 @@ class DPTraining:
   ``l2_norm_clip`` C, ``noise_multiplier`` sigma, ``num_microbatches``, ``delta``,
   ``target_epsilon`` (None: not enforced), ``sampling``, ``accountant``,
   ``gradient_accumulation_steps`` k (1: none; ``steps`` and ``steps_per_epoch`` count
-  logical steps).
+  logical steps), ``adaptive_clipping`` (None, or the optimizer's
+  :class:`tf_dpkit.AdaptiveClipping` with ``count_noise_stddev`` resolved; ``l2_norm_clip`` is
+  then the initial clip norm).
   """
 
   def __init__(self, structure, dataset_size, *, batch_size, epochs, l2_norm_clip,
                noise_multiplier, delta, target_epsilon, sampling, num_microbatches,
-               accountant, gradient_accumulation_steps=1):
+               accountant, gradient_accumulation_steps=1, adaptive_clipping=None):
     self._data = structure
     self.dataset_size = dataset_size
     self.batch_size = batch_size
@@ -75,6 +79,7 @@ class DPTraining:
     self.num_microbatches = num_microbatches
     self.accountant = accountant
     self.gradient_accumulation_steps = gradient_accumulation_steps
+    self.adaptive_clipping = adaptive_clipping
 
   def __repr__(self):
     return (f"DPTraining(N={self.dataset_size}, batch_size={self.batch_size}, "
@@ -124,12 +129,15 @@ class DPTraining:
       raise TypeError("DPTraining.optimizer needs a Keras 3 optimizer class (e.g. "
                       f"keras.optimizers.SGD), got {base!r}.")
     clash = sorted(set(kwargs) & {"l2_norm_clip", "noise_multiplier", "num_microbatches",
-                                  "expected_batch_size", "gradient_accumulation_steps"})
+                                  "expected_batch_size", "gradient_accumulation_steps",
+                                  "adaptive_clipping"})
     if clash:
       raise ValueError(f"{clash} are set by the DPTraining configuration; change them there.")
     expected = float(self.batch_size) if self.sampling == "poisson" else None
     if self.gradient_accumulation_steps > 1:
       kwargs["gradient_accumulation_steps"] = self.gradient_accumulation_steps
+    if self.adaptive_clipping is not None:
+      kwargs["adaptive_clipping"] = self.adaptive_clipping
     return make_gaussian_optimizer_class(base)(
         self.l2_norm_clip, self.noise_multiplier, self.num_microbatches,
         expected_batch_size=expected, **kwargs)
@@ -180,7 +188,8 @@ def make_private(data, *, batch_size: int, l2_norm_clip: float, delta: float,
                  epochs: int | None = None, noise_multiplier: float | None = None,
                  target_epsilon: float | None = None, sampling: str = "poisson",
                  num_microbatches: int | None = None, accountant: str = "rdp",
-                 gradient_accumulation_steps: int | None = None) -> DPTraining:
+                 gradient_accumulation_steps: int | None = None,
+                 adaptive_clipping=None) -> DPTraining:
   """Builds the :class:`DPTraining` of a run (see the module docstring).
 
   Args:
@@ -203,6 +212,12 @@ def make_private(data, *, batch_size: int, l2_norm_clip: float, delta: float,
     gradient_accumulation_steps: None or 1 (off), or k >= 2: each logical batch of (expected)
       size ``batch_size`` is trained as k physical chunks, noised and applied once (module
       docstring).  Not with ``num_microbatches``; with ``"shuffle"`` needs ``batch_size >= k``.
+    adaptive_clipping: None, True or a :class:`tf_dpkit.AdaptiveClipping` (or its config
+      dict): the clip norm starts at ``l2_norm_clip`` and tracks a quantile of the gradient
+      norms (``tf_dpkit.optimizers.adaptive_clipping``).  The noise multiplier is split between
+      the clipped sum and the unclipped count so that the epsilon is the one stated here for
+      ``noise_multiplier``; ``count_noise_stddev`` defaults to the (expected) examples, or
+      microbatches, per step / 20.  Not with ``gradient_accumulation_steps``.
 
   Raises:
     ValueError / TypeError: an argument out of range (named in the message), a missing one,
@@ -274,7 +289,28 @@ def make_private(data, *, batch_size: int, l2_norm_clip: float, delta: float,
                     noise_multiplier=noise_multiplier, delta=delta,
                     target_epsilon=target_epsilon, sampling=sampling,
                     num_microbatches=num_microbatches, accountant=accountant,
-                    gradient_accumulation_steps=k)
+                    gradient_accumulation_steps=k,
+                    adaptive_clipping=_resolved_adaptive_clipping(
+                        adaptive_clipping, noise_multiplier, k,
+                        b if num_microbatches is None else num_microbatches))
+
+
+def _resolved_adaptive_clipping(adaptive_clipping, noise_multiplier, accumulation_steps,
+                                per_step):
+  """``adaptive_clipping`` as an ``AdaptiveClipping`` with ``count_noise_stddev`` set (default
+  ``per_step / 20``, per_step the (expected) examples or microbatches of a step) and its noise
+  split checked for ``noise_multiplier`` (``analysis.adaptive_clipping``); None stays None."""
+  settings = AdaptiveClipping.coerce(adaptive_clipping)
+  if settings is None:
+    return None
+  if accumulation_steps > 1:
+    raise ValueError("adaptive_clipping is not supported with gradient_accumulation_steps > 1 "
+                     "(the unclipped count is not accumulated); use one of them.")
+  if settings.count_noise_stddev is None:
+    settings = AdaptiveClipping(settings.target_quantile, settings.learning_rate,
+                                adaptive_maths.default_count_noise_stddev(per_step))
+  adaptive_maths.sum_noise_multiplier(noise_multiplier, settings.count_noise_stddev)
+  return settings
 
 
 def _most_epochs(fits) -> int:

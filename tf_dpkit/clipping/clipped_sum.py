@@ -10,6 +10,8 @@ calibrated to.  Norms are taken over all variables together (global clipping).
 """
 from __future__ import annotations
 
+import numbers
+
 import tensorflow as tf
 
 
@@ -23,33 +25,38 @@ class ClippedSum:
     grads: tuple, one tensor per variable, ``sum_j clip(g_j)`` (not yet noised or averaged).
     norms: float tensor [M], the pre-clipping L2 norm of each microbatch gradient.
     losses: float tensor [M], each microbatch's mean loss (for logging).
+    l2_norm_clip: the clip norm ``C`` the sum was clipped at, as the clipping path was given it
+      (a number, or the variable of an adaptive clip norm); None when unknown.
 
   A DP optimizer's ``privatize`` accepts only a ``ClippedSum``, so raw gradients cannot be
   certified private; the constructor is not public (it refuses callers outside the clipping
   package).
   """
 
-  __slots__ = ("_grads", "_norms", "_losses")
+  __slots__ = ("_grads", "_norms", "_losses", "_l2_norm_clip")
 
-  def __init__(self, grads, norms, losses, *, _token=None):
+  def __init__(self, grads, norms, losses, l2_norm_clip=None, *, _token=None):
     if _token is not _ISSUED:
       raise TypeError(
           "ClippedSum is made only by tf_dpkit's clipping functions (private_gradients, "
           "clipped_sum_fast, clipped_sum_vectorized, clipped_sum_from_vector_loss), so that "
           "only clipped gradients can be noised and certified private.")
     self._grads, self._norms, self._losses = tuple(grads), norms, losses
+    self._l2_norm_clip = l2_norm_clip
 
   grads = property(lambda self: self._grads)
   norms = property(lambda self: self._norms)
   losses = property(lambda self: self._losses)
+  l2_norm_clip = property(lambda self: self._l2_norm_clip)
 
   def __iter__(self):
     return iter((list(self._grads), self._norms, self._losses))
 
 
-def issue_clipped_sum(grads, norms, losses) -> ClippedSum:
-  """Wraps the output of a clipping path (inside the clipping package only)."""
-  return ClippedSum(grads, norms, losses, _token=_ISSUED)
+def issue_clipped_sum(grads, norms, losses, l2_norm_clip=None) -> ClippedSum:
+  """Wraps the output of a clipping path (inside the clipping package only); ``l2_norm_clip``
+  is the clip norm it was given (see ``ClippedSum.l2_norm_clip``)."""
+  return ClippedSum(grads, norms, losses, l2_norm_clip, _token=_ISSUED)
 
 
 def global_norms(per_microbatch_grads) -> tf.Tensor:
@@ -67,10 +74,13 @@ def global_norms(per_microbatch_grads) -> tf.Tensor:
 
 
 def clip_factors(norms: tf.Tensor, l2_norm_clip) -> tf.Tensor:
-  """Returns ``min(1, C / norm)`` per microbatch; a zero norm gets factor 1 (never NaN)."""
+  """Returns ``min(1, C / norm)`` per microbatch; a zero norm gets factor 1 (never NaN).
+
+  ``l2_norm_clip``: a number, or a scalar tensor or variable (e.g. an adaptive clip norm).
+  """
   # convert_to_tensor keeps a Python float's full precision (tf.cast would round it to float32).
-  clip = (tf.cast(l2_norm_clip, norms.dtype) if isinstance(l2_norm_clip, tf.Tensor)
-          else tf.convert_to_tensor(l2_norm_clip, dtype=norms.dtype))
+  clip = (tf.convert_to_tensor(l2_norm_clip, dtype=norms.dtype)
+          if isinstance(l2_norm_clip, numbers.Real) else tf.cast(l2_norm_clip, norms.dtype))
   return tf.minimum(tf.ones_like(norms), tf.math.divide_no_nan(clip, norms) +
                     tf.cast(tf.equal(norms, 0), norms.dtype))
 

@@ -353,4 +353,4 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
   del tape
   sums = [tf.zeros_like(v) if s is None else s for v, s in zip(variables, sums)]
   losses = tf.reduce_sum(tf.reshape(per_example, [groups, -1]), axis=1) / per_group
-  return issue_clipped_sum(sums, norms, losses), y_pred
+  return issue_clipped_sum(sums, norms, losses, l2_norm_clip), y_pred

@@ -125,7 +125,7 @@ def clipped_sum_from_vector_loss(vector_loss, var_list, l2_norm_clip, num_microb
   if loss_scale is not None:
     jacobian = [j / tf.cast(loss_scale, j.dtype) for j in jacobian]
   summed, norms = clip_and_sum(jacobian, l2_norm_clip)
-  return issue_clipped_sum(summed, norms, losses)
+  return issue_clipped_sum(summed, norms, losses, l2_norm_clip)
 
 
 def _to_microbatches(tensor, num_microbatches):
@@ -180,4 +180,4 @@ def clipped_sum_vectorized(loss_fn, inputs, var_list, l2_norm_clip, num_microbat
   summed, norms = clip_and_sum(grads, l2_norm_clip)
   aux = tf.nest.map_structure(
       lambda t: tf.reshape(t, tf.concat([[-1], tf.shape(t)[2:]], 0)), aux)
-  return issue_clipped_sum(summed, norms, losses), aux
+  return issue_clipped_sum(summed, norms, losses, l2_norm_clip), aux

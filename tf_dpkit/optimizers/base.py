@@ -70,10 +70,26 @@ class DPOptimizerBase:
     self._dp_certificate = PrivateGradientCertificate()
 
   l2_norm_clip = property(lambda self: self._dp.l2_norm_clip)
+  # Adaptive clipping (tf_dpkit.optimizers.adaptive_clipping): its settings, or None.
+  adaptive_clipping = property(
+      lambda self: None if getattr(self, "_dp_adaptive", None) is None
+      else self._dp_adaptive.settings)
   noise_multiplier = property(lambda self: self._dp.noise_multiplier)
   num_microbatches = property(lambda self: self._dp.num_microbatches)
   expected_batch_size = property(lambda self: self._dp.expected_batch_size)
   dp_settings = property(lambda self: self._dp)
+
+  def l2_norm_clip_for_step(self):
+    """The clip norm to clip this step's gradients at: ``l2_norm_clip`` (a float), or under
+    adaptive clipping the optimizer variable holding the current ``C_t`` (which ``privatize``
+    then requires; ``l2_norm_clip`` is ``C_0`` there)."""
+    adaptive = getattr(self, "_dp_adaptive", None)
+    return self._dp.l2_norm_clip if adaptive is None else adaptive.variable
+
+  def dp_logs(self) -> dict:
+    """Values for ``fit``'s logs: ``{"l2_norm_clip": C_t}`` under adaptive clipping, else {}."""
+    adaptive = getattr(self, "_dp_adaptive", None)
+    return {} if adaptive is None else adaptive.logs()
 
   def replica_num_microbatches(self):
     """The microbatches this replica cuts its local batch into (``tf_dpkit.distribute``):
@@ -110,12 +126,24 @@ class DPOptimizerBase:
           f"{type(self).__name__}.privatize takes the ClippedSum made by tf_dpkit's clipping "
           f"(e.g. tf_dpkit.private_gradients), got {type(clipped).__name__}: noising gradients "
           "that were not clipped per example would not be private.")
+    adaptive = getattr(self, "_dp_adaptive", None)
+    if adaptive is not None:
+      adaptive.check_clipped_at_current_clip(clipped, type(self).__name__)
+    elif (isinstance(clipped.l2_norm_clip, numbers.Real)
+          and clipped.l2_norm_clip > self._dp.l2_norm_clip):
+      raise ValueError(
+          f"{type(self).__name__}.privatize got a sum clipped at {clipped.l2_norm_clip!r}, above "
+          f"the optimizer's l2_norm_clip={self._dp.l2_norm_clip!r} that its noise is calibrated "
+          "to. Clip with optimizer.l2_norm_clip_for_step().")
     microbatches = tf.shape(clipped.losses)[0]
     # The update must depend on this check: with an empty batch the average would be inf.
     with tf.control_dependencies([assert_nonempty(microbatches)]):
       clipped_grads = [None if g is None else tf.identity(g) for g in clipped.grads]
     accumulation = getattr(self, "_dp_accumulation", None)
-    if accumulation is None:
+    if adaptive is not None:  # one Gaussian release of (sum, unclipped count), then C_t+1
+      grads = adaptive.private_average(self._dp, clipped, clipped_grads, microbatches,
+                                       self._noise_step(), type(self).__name__)
+    elif accumulation is None:
       grads = self._dp.private_average(clipped_grads, microbatches, self._noise_step())
     else:  # virtual batches: noise once per logical batch (tf_dpkit.optimizers.accumulation)
       grads, _ = accumulation.step(

@@ -83,7 +83,15 @@ class DPSettings:
         "expected_batch_size": self.expected_batch_size,
     }
 
-  def private_average(self, clipped_grads, realised_microbatches, step):
+  def normalizer(self, realised_microbatches, dtype=tf.float32):
+    """``n``, what the noisy clipped sum is divided by: ``expected_batch_size`` when set, else
+    the number of microbatches of the global batch (``realised_microbatches`` summed over the
+    replicas), as a scalar tensor of ``dtype``."""
+    if self.expected_batch_size is not None:
+      return tf.constant(self.expected_batch_size, dtype=dtype)
+    return tf.cast(distribute.global_sum(realised_microbatches), dtype)
+
+  def private_average(self, clipped_grads, realised_microbatches, step, noise_stddev=None):
     """Returns ``(sum_j clip(g_j) + N(0, (sigma C)^2 I)) / normalizer`` per variable.
 
     Under a strategy with R replicas: this replica's share, ``(S_r + N(0, (sigma C)^2 / R I)) /
@@ -98,23 +106,18 @@ class DPSettings:
     (``realised_microbatches``, a scalar tensor or int).  A ``None`` entry stays ``None`` (no
     noise); every caller in tf_dpkit passes zeros for variables the loss does not reach, so
     those variables do receive noise, as the DP-SGD analysis assumes.
+
+    ``noise_stddev`` replaces ``sigma C`` as the std of the noise on the whole sum (a number or
+    a scalar tensor; adaptive clipping passes ``z_Delta C_t``, see
+    ``tf_dpkit.optimizers.adaptive_clipping``).
     """
     # Under R replicas each adds an independent share of variance sigma^2 C^2 / R and divides
     # by the global normaliser; the optimizer's all-reduce sums them (tf_dpkit.distribute).
     replicas = distribute.num_replicas()
-    stddev = self.noise_stddev if replicas == 1 else self.noise_stddev / math.sqrt(replicas)
+    total = self.noise_stddev if noise_stddev is None else noise_stddev
+    stddev = total if replicas == 1 else total / math.sqrt(replicas)
     noised = noise_lib.add_gaussian_noise(clipped_grads, stddev, self.noise_key, step,
                                           self.next_noise_draw(), distribute.replica_id())
-    if self.expected_batch_size is None:
-      realised_microbatches = distribute.global_sum(realised_microbatches)
-    out = []
-    for g in noised:
-      if g is None:
-        out.append(None)
-        continue
-      if self.expected_batch_size is not None:
-        normalizer = tf.constant(self.expected_batch_size, dtype=g.dtype)
-      else:
-        normalizer = tf.cast(realised_microbatches, g.dtype)
-      out.append(g / normalizer)
-    return out
+    # float64 holds the expected batch size and any count exactly; cast once per dtype.
+    normalizer = self.normalizer(realised_microbatches, tf.float64)
+    return [None if g is None else g / tf.cast(normalizer, g.dtype) for g in noised]

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tf_dpkit.clipping import clipped_sum_from_vector_loss
 from tf_dpkit.optimizers import accumulation as accumulation_lib
+from tf_dpkit.optimizers.adaptive_clipping import AdaptiveClipState
 from tf_dpkit.optimizers.base import CONSTRUCTOR_ARGS_DOC, DPOptimizerBase
 
 #: Rows x fields of the privacy ledger variable (format owned by ``tf_dpkit.budget``).
@@ -37,7 +38,7 @@ def make_keras_dp_class(base):
     _dp_base_class = base
 
     def __init__(self, l2_norm_clip, noise_multiplier, num_microbatches=None, *args,
-                 seed=None, expected_batch_size=None, **kwargs):
+                 seed=None, expected_batch_size=None, adaptive_clipping=None, **kwargs):
       # Not passed to Keras: its accumulation would noise every micro-step (see accumulation).
       steps = accumulation_lib.check_accumulation_steps(
           kwargs.pop("gradient_accumulation_steps", None))
@@ -51,6 +52,11 @@ def make_keras_dp_class(base):
       self._privacy_ledger = self.add_variable(
           shape=PRIVACY_LEDGER_SHAPE, initializer="zeros", dtype="float64",
           name="dp_privacy_ledger")
+      # Adaptive clipping (tf_dpkit.optimizers.adaptive_clipping): C_t is optimizer state too.
+      self._dp_adaptive = AdaptiveClipState.attach(self, adaptive_clipping, settings)
+      if self._dp_adaptive is not None and self._dp_accumulation is not None:
+        raise ValueError("adaptive_clipping is not supported with gradient_accumulation_steps "
+                         "> 1 (the unclipped count is not accumulated); use one of them.")
 
     @property
     def privacy_ledger(self):
@@ -68,6 +74,8 @@ def make_keras_dp_class(base):
       config.update(self._dp.config())
       config["gradient_accumulation_steps"] = (None if self._dp_accumulation is None
                                                else self._dp_accumulation.steps)
+      config["adaptive_clipping"] = (None if self._dp_adaptive is None
+                                     else self._dp_adaptive.config())
       return config
 
     def _noise_step(self):
@@ -94,8 +102,8 @@ def make_keras_dp_class(base):
             f"{type(self).__name__}.compute_gradients needs `tape=` (the GradientTape that "
             "recorded the vector loss), or pass the loss as a zero-argument callable.")
       clipped = clipped_sum_from_vector_loss(
-          loss, var_list, self._dp.l2_norm_clip, self.replica_num_microbatches(), tape=tape,
-          loss_scale=self._loss_scale())
+          loss, var_list, self.l2_norm_clip_for_step(), self.replica_num_microbatches(),
+          tape=tape, loss_scale=self._loss_scale())
       return list(zip(self.privatize(clipped), var_list))
 
     def minimize(self, loss, var_list, tape=None):

@@ -33,6 +33,9 @@ def make_v1_dp_class(base):
 
     def __init__(self, l2_norm_clip, noise_multiplier, num_microbatches=None, *args,
                  seed=None, expected_batch_size=None, **kwargs):
+      if kwargs.pop("adaptive_clipping", None) is not None:
+        raise ValueError("adaptive_clipping is supported by the Keras 3 DP optimizers only "
+                         "(tf_dpkit.DP...GaussianOptimizer), not by the tf.compat.v1 ones.")
       settings = self._validated_settings(args, kwargs, l2_norm_clip, noise_multiplier,
                                           num_microbatches, expected_batch_size, seed)
       self._attach_dp(settings)
