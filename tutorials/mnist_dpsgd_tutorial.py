@@ -5,6 +5,10 @@
 
 Batches are Poisson-sampled by default, so the epsilon printed after each epoch (from the
 ``PrivacyBudget`` callback) is the one the accountant's assumption really supports.
+
+``--gradient_accumulation_steps=k`` trains virtual batches: ``--batch_size`` is the logical
+batch, fed as k physical chunks and noised once (``tf_dpkit.optimizers.accumulation``); the
+epsilon is the same as without k.
 """
 from __future__ import annotations
 
@@ -27,6 +31,10 @@ common.define_flags()
 flags.DEFINE_enum("per_example_method", "auto", ["auto", "fast", "vectorized"],
                   "How DPSequential gets per-example gradients (for speed comparisons only; "
                   "the result is the same).")
+flags.DEFINE_integer("gradient_accumulation_steps", 1,
+                     "k >= 1: split each (logical) batch of --batch_size into k physical chunks, "
+                     "accumulate their clipped sums and add noise once per logical batch.",
+                     lower_bound=1)
 
 
 class EpochReport(keras.callbacks.Callback):
@@ -57,18 +65,26 @@ def main(argv):
     optimizer = tf_dpkit.DPGradientDescentGaussianOptimizer(
         l2_norm_clip=FLAGS.l2_norm_clip, noise_multiplier=sigma,
         num_microbatches=FLAGS.microbatches, learning_rate=FLAGS.learning_rate,
-        expected_batch_size=FLAGS.batch_size if poisson else None)
+        expected_batch_size=FLAGS.batch_size if poisson else None,
+        gradient_accumulation_steps=FLAGS.gradient_accumulation_steps)
     budget = PrivacyBudget(FLAGS.batch_size / n, FLAGS.delta, FLAGS.target_epsilon,
                            sampling=FLAGS.sampling, steps_per_epoch=steps,
                            batch_size=FLAGS.batch_size)
     callbacks.insert(0, budget)
   else:
     model = keras.Sequential(common.cnn_layers(keras))
-    optimizer = keras.optimizers.SGD(FLAGS.learning_rate)
+    optimizer = keras.optimizers.SGD(  # Keras's own accumulation: no noise to keep apart
+        FLAGS.learning_rate,
+        gradient_accumulation_steps=FLAGS.gradient_accumulation_steps
+        if FLAGS.gradient_accumulation_steps > 1 else None)
   model.compile(optimizer=optimizer, loss=loss, metrics=["accuracy"])
-  train = common.train_batches((x_train, y_train), steps * FLAGS.epochs)
+  k = FLAGS.gradient_accumulation_steps
+  if k == 1:
+    train = common.train_batches((x_train, y_train), steps * FLAGS.epochs).prefetch(2)
+  else:  # passed as made, so PrivacyBudget can check it is one logical batch split k ways
+    train = _split_batches((x_train, y_train), steps * FLAGS.epochs, k)
   test = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(1024)
-  history = model.fit(train.prefetch(2), epochs=FLAGS.epochs, steps_per_epoch=steps,
+  history = model.fit(train, epochs=FLAGS.epochs, steps_per_epoch=steps * k,
                       validation_data=test, callbacks=callbacks, shuffle=False, verbose=0)
   accuracy = history.history["val_accuracy"][-1]
   if budget is not None:
@@ -76,6 +92,19 @@ def main(argv):
   else:
     print(f"final: steps={int(optimizer.iterations.numpy())} test_accuracy={accuracy:.4f} "
           "(non-private: no privacy guarantee)")
+
+
+def _split_batches(train, steps, k):
+  """``common.train_batches`` with every logical batch emitted as k chunks."""
+  if FLAGS.microbatches is not None:
+    raise flags.ValidationError("--gradient_accumulation_steps > 1 needs per-example clipping "
+                                "(leave --microbatches unset).")
+  if FLAGS.sampling == "poisson":
+    return tf_dpkit.data.poisson_batches(train, expected_batch_size=FLAGS.batch_size,
+                                         steps=steps, seed=FLAGS.sampling_seed,
+                                         gradient_accumulation_steps=k)
+  return tf_dpkit.data.shuffled_batches(train, FLAGS.batch_size, FLAGS.epochs,
+                                        FLAGS.sampling_seed, gradient_accumulation_steps=k)
 
 
 if __name__ == "__main__":
