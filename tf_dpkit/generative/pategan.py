@@ -15,8 +15,8 @@ analysis of :mod:`tf_dpkit.pate` and :mod:`analysis.pate`.  One *iteration*:
 2. ``student_steps`` student steps.  Each draws ``student_batch_size`` generated examples
    ``u_j = G(z_j, y~_j)`` (public), asks every teacher for a vote (real if its logit is > 0,
    fake otherwise), and releases one noisy label per example through a PATE aggregator with
-   a secret noise key (:class:`tf_dpkit.pate.GNMax` -- ``argmax(n_fake + N(0, s^2),
-   n_real + N(0, s^2))`` -- or :class:`tf_dpkit.pate.LNMax`, the paper's Laplace noise).  Each
+   a secret noise key (:class:`tf_dpkit.pate.GNMax`: ``argmax(n_fake + N(0, s^2),
+   n_real + N(0, s^2))``; the paper used Laplace noise, LNMax, see below).  Each
    answer is recorded in an :class:`analysis.pate.PateAccountant` (:attr:`PATEGAN.accountant`).
    The student discriminator ``S`` is then trained ONLY on these generated examples and their
    noisy labels (binary cross-entropy); it never reads real data or raw votes.
@@ -40,9 +40,8 @@ not returned, not logged).
 Which epsilon is what:
 
 * :meth:`PATEGAN.epsilon` -- the DATA-INDEPENDENT epsilon (:meth:`PateAccountant.data_independent_epsilon`:
-  each GNMax answer as a Gaussian mechanism of L2 sensitivity sqrt(2), RDP ``lambda / s^2``;
-  each LNMax answer as ``2/b``-DP), a function of the number of queries and the noise scale
-  only.  It holds for every data set and may be published.  The ``target_epsilon`` budget stop
+  each GNMax answer is a Gaussian mechanism of L2 sensitivity sqrt(2), RDP ``lambda / s^2``),
+  a function of the number of queries and the noise scale only.  It holds for every data set and may be published.  The ``target_epsilon`` budget stop
   uses it, so the stopping time is itself data-independent, and it is the epsilon logged
   while training.
 * :meth:`PATEGAN.data_dependent_epsilon` -- PATE 2018's data-dependent bound at the actual
@@ -53,6 +52,12 @@ Which epsilon is what:
 * :meth:`PATEGAN.sanitized_epsilon` -- the smooth-sensitivity (GNSS) release of the
   data-dependent bound (:meth:`PateAccountant.smooth_sensitivity_epsilon`, PATE 2018 Section
   4.2): publishable, its own cost included; a noisy estimate, not an upper bound.
+
+Only GNMax is offered: its data-independent epsilon after ``n`` answers is that of one
+Gaussian mechanism (:func:`data_independent_epsilon`, the accountant's own ledger event
+self-composed, equal to the accountant's value), which makes the budget stop cheap and exact.
+For LNMax the accountant's per-answer data-independent curve (two Laplace coordinates) is
+tighter than its ledger event, so the same shortcut would over-state epsilon.
 
 Normalisation: one record influences one teacher only through that teacher's own batch, so a
 layer that mixes the examples of ONE teacher's batch (BatchNormalization inside one teacher)
@@ -86,7 +91,8 @@ from tf_dpkit.pate import teachers as _teachers
 from tf_dpkit.pate.partition import partition_indices
 from tf_dpkit.pate.votes import as_votes
 
-PATE_AGGREGATORS = ("gnmax", "lnmax")
+PATE_AGGREGATORS = ("gnmax",)
+VOTES = ("threshold", "rank")
 #: Column of the vote histogram per teacher decision: 0 = "fake", 1 = "real".
 FAKE, REAL = 0, 1
 
@@ -133,11 +139,9 @@ def teacher_ensemble_discriminator(num_teachers, num_classes=None, image_shape=(
 
 def _unit_event(aggregator, noise_scale):
   """The ledger event ``analysis.pate.PateAccountant`` records for ONE answer (data-independent)."""
+  del aggregator  # "gnmax" only
   scratch = pate_analysis.PateAccountant()
-  if aggregator == "gnmax":
-    scratch.compose_gnmax([1, 0], noise_scale)
-  else:
-    scratch.compose_lnmax([1, 0], noise_scale)
+  scratch.compose_gnmax([1, 0], noise_scale)
   (event,) = scratch.ledger.events
   return event
 
@@ -146,15 +150,14 @@ def data_independent_epsilon(num_queries, noise_scale, delta, aggregator="gnmax"
   """Publishable epsilon (nats) at ``delta`` of ``num_queries`` PATE answers.
 
   Exactly what :meth:`analysis.pate.PateAccountant.data_independent_epsilon` reports after
-  ``num_queries`` answers of ``aggregator`` (``"gnmax"``: noise std ``noise_scale`` votes,
-  RDP ``lambda / s^2`` per answer; ``"lnmax"``: Laplace scale ``noise_scale`` votes, ``2/b``-DP
-  per answer): the accountant's own ledger event for one answer, self-composed.
+  ``num_queries`` GNMax answers of noise std ``noise_scale`` votes (RDP ``lambda / s^2`` per
+  answer): the accountant's own ledger event for one answer, self-composed.
 
   Args:
     num_queries: integer >= 0.
     noise_scale: finite, > 0 (votes).
     delta: in (0, 1).
-    aggregator: ``"gnmax"`` or ``"lnmax"``.
+    aggregator: ``"gnmax"`` (the only one offered; module docstring).
   """
   num_queries = _checks.check_integer("num_queries", num_queries, minimum=0)
   noise_scale = _checks.check_finite_positive("noise_scale", noise_scale)
@@ -207,10 +210,10 @@ def _streaming_aggregator(name, noise_scale, seed, accountant):
   """An aggregator of tf_dpkit.pate whose votes are replaced per batch of queries.
 
   The aggregator's secret key, its draw counter (fresh noise per call) and its recording into
-  ``accountant`` are those of :class:`tf_dpkit.pate.GNMax` / :class:`~tf_dpkit.pate.LNMax`;
+  ``accountant`` are those of :class:`tf_dpkit.pate.GNMax`;
   only the sealed histograms change between calls.
   """
-  base = {"gnmax": _aggregators.GNMax, "lnmax": _aggregators.LNMax}[name]
+  base = {"gnmax": _aggregators.GNMax}[name]
 
   class Streaming(base):  # pylint: disable=missing-class-docstring
     def answer(self, counts):
@@ -231,10 +234,9 @@ class PATEGAN:
     latent_dim: integer >= 1, the generator's noise size; noise is ``N(0, I)``.
     num_teachers: k, an integer >= 2 (and <= the number of records, checked by :meth:`fit`).
     num_classes: None or K >= 2 (labels one-hot, private).
-    noise_scale: the aggregator's noise in votes, finite and > 0 (GNMax: Gaussian std; LNMax:
-      Laplace scale b), or None for NO noise (noiseless majority votes: epsilon = inf, a
+    noise_scale: the GNMax noise std in votes, finite and > 0, or None for NO noise (noiseless majority votes: epsilon = inf, a
       non-private baseline; nothing is recorded in the accountant).
-    aggregator: ``"gnmax"`` (default) or ``"lnmax"`` (the original paper's Laplace noise).
+    aggregator: ``"gnmax"`` (the only one offered; module docstring).
     teacher_hidden: widths of the teachers' hidden layers (:func:`teacher_ensemble_discriminator`).
     teachers: None (build the MLP ensemble) or a batched Keras model with the interface of
       :func:`teacher_ensemble_discriminator` (output ``[B, k]``); the caller must make sure
@@ -253,6 +255,12 @@ class PATEGAN:
       integer in [0, 2**62) for reproducible aggregator noise (tests only).
     partition_seed: None (drawn from OS entropy) or an integer: the public permutation of
       record positions into shards.
+    vote: how a teacher votes on a batch of ``n`` queries: ``"threshold"`` (the paper's: real
+      iff its logit is > 0) or ``"rank"`` (real on the ``ceil(vote_fraction * n)`` queries it
+      finds most real; a relative signal that does not vanish when the teachers reject every
+      generated example).  Both are functions of one teacher and the public queries, so the
+      sensitivity (one moved vote per query) is the same.
+    vote_fraction: in (0, 1], for ``vote="rank"``.
     delta: in (0, 1), at which epsilon is reported and the budget enforced.
 
   Attributes:
@@ -266,7 +274,7 @@ class PATEGAN:
                teacher_batch_size=16, teacher_steps=1, student_steps=1, student_batch_size=64,
                generator_batch_size=64, teacher_learning_rate=2e-4, student_learning_rate=2e-4,
                generator_learning_rate=2e-4, beta_1=0.5, seed=0, noise_seed=None,
-               partition_seed=None, delta=1e-5):
+               partition_seed=None, vote="threshold", vote_fraction=0.5, delta=1e-5):
     for what, model in (("generator", generator), ("student", student)):
       if not isinstance(model, keras.Model):
         raise ValueError(f"{what} must be a keras.Model, got {type(model).__name__}.")
@@ -306,6 +314,9 @@ class PATEGAN:
                                              maximum=2**63 - 1)
     self.partition_seed = partition_seed
     self.delta = _checks.check_delta("delta", delta)
+    self.vote = _checks.check_choice("vote", vote, VOTES)
+    self.vote_fraction = _checks.check_probability("vote_fraction", vote_fraction,
+                                                   allow_zero=False)
     self.generator, self.student = generator, student
     # The DP-GAN shape checks, with the student in the discriminator's place.
     view = types.SimpleNamespace(generator=generator, discriminator=student,
@@ -410,10 +421,24 @@ class PATEGAN:
     return {"teacher_loss": loss / self.num_teachers}
 
   def _teacher_votes(self, x, y):
-    """PRIVATE noiseless vote counts ``[n, 2]`` (fake, real) on public examples."""
+    """PRIVATE noiseless vote counts ``[n, 2]`` (fake, real) on public examples.
+
+    ``vote="threshold"``: teacher ``t`` votes real on query ``j`` iff its logit is > 0.
+    ``vote="rank"``: teacher ``t`` votes real on the ``ceil(vote_fraction * n)`` queries of the
+    batch with its highest logits (ties by position).  Either way teacher ``t``'s votes are a
+    function of its own weights and the public queries only.
+    """
     xt, yt = self._per_teacher(x, y)
-    logits = self.teachers(self._inputs(xt, yt), training=False)
-    real = tf.reduce_sum(tf.cast(logits > 0.0, tf.int64), axis=1)
+    logits = self.teachers(self._inputs(xt, yt), training=False)  # [n, k]
+    if self.vote == "threshold":
+      real_votes = tf.cast(logits > 0.0, tf.int64)
+    else:
+      n = tf.shape(logits)[0]
+      top = tf.cast(tf.math.ceil(self.vote_fraction * tf.cast(n, tf.float32)), tf.int32)
+      order = tf.argsort(tf.transpose(logits), axis=1, direction="DESCENDING", stable=True)
+      ranks = tf.argsort(order, axis=1, stable=True)  # rank of each query per teacher
+      real_votes = tf.transpose(tf.cast(ranks < top, tf.int64))
+    real = tf.reduce_sum(real_votes, axis=1)
     return tf.stack([self.num_teachers - real, real], axis=1)
 
   def _queries(self):
@@ -617,5 +642,6 @@ class PATEGAN:
         "teacher_learning_rate": self.teacher_learning_rate,
         "student_learning_rate": self.student_learning_rate,
         "generator_learning_rate": self.generator_learning_rate, "beta_1": self.beta_1,
-        "seed": self.seed, "partition_seed": self.partition_seed, "delta": self.delta,
+        "seed": self.seed, "partition_seed": self.partition_seed, "vote": self.vote,
+        "vote_fraction": self.vote_fraction, "delta": self.delta,
     }

@@ -1,0 +1,53 @@
+"""Shared pieces of the generative-model tutorials: MNIST loading and the evaluation of a saved
+conditional generator (sample grid, TSTR on the real test set, Frechet distance in the
+features of a CNN trained on the real training set).
+
+The evaluation uses real data and is not part of any differentially private release.
+"""
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+
+from tf_dpkit import generative
+from tf_dpkit.data import mnist
+
+
+def load_mnist(train_size=None, test_size=None):
+  """``((x, y), (x_test, y_test))``: float32 images ``[n, 28, 28, 1]`` in [0, 1], int64 labels;
+  only the first ``train_size`` / ``test_size`` examples when given."""
+  (x, y), (xt, yt) = mnist.load()
+  prep = lambda a: (a.astype(np.float32) / 255.0)[..., None]
+  x, y = prep(x[:train_size]), y[:train_size].astype(np.int64)
+  xt, yt = prep(xt[:test_size]), yt[:test_size].astype(np.int64)
+  return (x, y), (xt, yt)
+
+
+def evaluate_generator(path, output_dir, train, test, *, title, tstr_samples, tstr_epochs,
+                       fd_samples, feature_epochs, seed, full_train_set):
+  """Loads the generator saved at ``path`` and evaluates it (module docstring).
+
+  Writes ``output_dir/samples.png`` (10 x 10 grid, row r = digit r).  ``full_train_set``: the
+  feature CNN is trained on the whole real MNIST training set (else on ``train``).
+  Returns a dict: ``tstr_accuracy``, ``frechet_distance``,
+  ``frechet_distance_real_train_vs_test``, ``feature_classifier_test_accuracy``.
+  """
+  (x, y), (xt, yt) = train, test
+  saved = keras.models.load_model(path, compile=False)
+  grid, _ = generative.sample(saved, 100, labels=np.repeat(np.arange(10), 10), seed=1)
+  generative.save_sample_grid(grid, os.path.join(output_dir, "samples.png"), title=title)
+  xs, ys = generative.sample(saved, tstr_samples, seed=2)
+  tstr = generative.tstr_accuracy(xs, ys, xt, yt, epochs=tstr_epochs, seed=seed)
+  features, feature_accuracy = generative.mnist_feature_extractor(
+      None if full_train_set else x, None if full_train_set else y, epochs=feature_epochs,
+      seed=seed)
+  m = min(fd_samples, len(xt), len(xs), len(x))
+  return {
+      "tstr_accuracy": tstr,
+      "frechet_distance": generative.frechet_distance(xs[:m], xt[:m], features),
+      "frechet_distance_real_train_vs_test": generative.frechet_distance(x[:m], xt[:m],
+                                                                         features),
+      "feature_classifier_test_accuracy": feature_accuracy,
+  }
