@@ -444,6 +444,42 @@ def test_statement_has_tf_privacy_s_layout_and_user_level_lines():
   assert "no user-level guarantee" in no_users.replace("\n", " ")
 
 
+# What TF Privacy 0.9.0 itself prints (its compute_dp_sgd_privacy_lib and
+# compute_noise_from_budget_lib, run with dp_accounting on this project's machine, 2026-11-24):
+# (number_of_examples, batch_size, num_epochs, noise_multiplier, delta, used_microbatching,
+#  max_examples_per_user) -> the epsilon lines, in order.
+TF_PRIVACY_0_9_0_STATEMENTS = {
+    (60000, 250, 15, 1.3, 1e-5, False, None): [17.648, 0.942],
+    (60000, 256, 60, 1.1, 1e-5, False, None): [56.950, 2.597],
+    (60000, 256, 3, 1.1, 1e-5, True, None): [18.950, 5.824],
+    (60000, 256, 2, 1.1, 1e-5, False, 3): [6.327, 0.807, 32.503, 3.055],
+}
+TF_PRIVACY_0_9_0_FIRST_PARAGRAPH = (
+    "DP-SGD performed over 60000 examples with 250 examples per iteration, noise multiplier 1.3 "
+    "for 15 epochs without microbatching, and no bound on number of examples per user.")
+TF_PRIVACY_0_9_0_COMPUTE_NOISE = 1.0144944982347233  # compute_noise(60000, 256, 3.0, 60, 1e-5, 1e-6)
+
+
+@pytest.mark.parametrize("args", sorted(TF_PRIVACY_0_9_0_STATEMENTS, key=str))
+def test_statement_against_tf_privacy_s_own_output(args):
+  text = tfp.compute_dp_sgd_privacy_statement(*args)
+  ours = [v for _, v in _epsilons(text)]
+  theirs = TF_PRIVACY_0_9_0_STATEMENTS[args]
+  assert len(ours) == len(theirs)
+  for i, (a, b) in enumerate(zip(ours, theirs)):
+    if i % 2 == 0:  # once per epoch: exact here, an RDP or group-privacy bound there
+      assert a <= b
+    else:  # Poisson: RDP bounds over different orders; user level: group privacy, two ways
+      assert a == pytest.approx(b, rel=0.01 if i == 1 else 0.08)
+  if args[0:4] == (60000, 250, 15, 1.3):
+    assert text.split("\n\n")[0].replace("\n", " ") == TF_PRIVACY_0_9_0_FIRST_PARAGRAPH
+
+
+def test_compute_noise_against_tf_privacy_s_own_output():
+  sigma = tfp.compute_noise(60000, 256, 3.0, 60, 1e-5, 1e-6)
+  assert sigma == pytest.approx(TF_PRIVACY_0_9_0_COMPUTE_NOISE, rel=0.005)
+
+
 def test_statement_pld_accountant_and_errors():
   text = tfp.compute_dp_sgd_privacy_statement(60000, 256, 2, 1.1, 1e-5, False, None, "PLD")
   result = privacy_lib.compute_dp_sgd_privacy(60000, 256, 1.1, 2, 1e-5, accountant="pld")
