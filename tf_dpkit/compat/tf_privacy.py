@@ -32,10 +32,12 @@ noised every micro-step with noise multiplier sigma, tf_dpkit noises the accumul
 batch once, with sigma * sqrt(k) (the sum of k independent noises), which is then the
 optimizer's ``noise_multiplier`` and what the accountant sees.
 
-Differences on purpose (each raises or is stated where it applies): ``layer_registry`` (tf_dpkit chooses its fast
-per-layer clipping itself), ``compute_noise`` with a ``noise_lbd`` that already meets the budget
-(TF Privacy returned 0, i.e. no noise; here the calibrated noise), and the privacy statement's
-numbers (tighter where exact: the once-per-epoch epsilon is the exact Gaussian one).
+Differences on purpose (each raises or is stated where it applies): ``layer_registry``
+(tf_dpkit chooses its fast per-layer clipping itself), ``compute_noise`` with a ``noise_lbd``
+that already meets the budget (TF Privacy returned 0, i.e. no noise; here the calibrated noise),
+and the privacy statement's numbers (``analysis``' own: the once-per-epoch epsilon is exact,
+so never above TF Privacy's bound; the Poisson ones are RDP / group-privacy bounds that may
+differ from TF Privacy's by a few percent either way) and its footnote.
 """
 from __future__ import annotations
 
@@ -96,8 +98,6 @@ def _check_no_grad_loss(grad_loss):
 
 class _TFPrivacyOptimizer:
   """Mixin placed before a tf_dpkit Keras DP class: TF Privacy's argument order and methods."""
-
-  _tfp_vectorized = False
 
   def _tfp_init(self, l2_norm_clip, noise_multiplier, num_microbatches, accumulation, args,
                 kwargs):
@@ -160,8 +160,6 @@ class _TFPrivacyVectorizedOptimizer(_TFPrivacyOptimizer):
   """TF Privacy's vectorized variant: the same step (tf_dpkit clips microbatches by one
   Jacobian or its fast per-layer path either way), with ``unconnected_gradients_to_zero``."""
 
-  _tfp_vectorized = True
-
   def get_config(self):
     config = super().get_config()
     config["unconnected_gradients_to_zero"] = self._tfp_unconnected_to_zero
@@ -205,7 +203,7 @@ def _make_compat_optimizer_class(cls, vectorized):
   if cls.__name__ == "LegacyOptimizerWarning":
     raise TypeError(
         "Keras 3 has no legacy optimizers (tf.keras.optimizers.legacy.*): pass the Keras 3 "
-        "class, e.g. tf.keras.optimizers.SGD, whose arguments are the same for DP-SGD.")
+        "class, e.g. tf.keras.optimizers.SGD (the DP arguments do not change).")
   if not issubclass(cls, keras.optimizers.Optimizer):
     raise TypeError(
         "TF Privacy's Keras optimizer factories take a Keras optimizer class (a subclass of "
@@ -242,10 +240,10 @@ def make_keras_optimizer_class(cls):
 
   Returns ``DPKeras<Name>Optimizer`` with TF Privacy's constructor ``(l2_norm_clip,
   noise_multiplier, num_microbatches=None, gradient_accumulation_steps=1, *args, **kwargs)``,
-  a subclass of
-  ``tf_dpkit.make_gaussian_optimizer_class(cls)`` (which does every DP step; k =
-  ``gradient_accumulation_steps`` > 1 becomes tf_dpkit's accumulation with noise multiplier
-  ``noise_multiplier * sqrt(k)``, TF Privacy's update distribution).  Cached per ``cls``.  TF Privacy's DPQuery-based factories (``make_keras_generic_optimizer_class``,
+  a subclass of ``tf_dpkit.make_gaussian_optimizer_class(cls)``, which does every DP step
+  (k = ``gradient_accumulation_steps`` > 1 becomes tf_dpkit's accumulation with noise
+  multiplier ``noise_multiplier * sqrt(k)``: TF Privacy's update distribution).  Cached per
+  ``cls``.  TF Privacy's DPQuery-based factories (``make_keras_generic_optimizer_class``,
   ``make_gaussian_query_optimizer_class``) are not provided.
 
   Raises:
