@@ -315,22 +315,29 @@ def test_several_replicas_are_refused():
       " * 2)\n"
       "import tf_dpkit\n"
       "strategy = tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])\n"
-      "with strategy.scope():\n"
-      "  w = tf.Variable(tf.ones([2]))\n"
-      "  opt = tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0, expected_batch_size=8,\n"
-      "      adaptive_clipping=True, learning_rate=0.1)\n"
+      "made = lambda: tf_dpkit.DPGradientDescentGaussianOptimizer(\n"
+      "    1.0, 1.0, expected_batch_size=64, adaptive_clipping=True, learning_rate=0.1)\n"
+      "try:\n"
+      "  with strategy.scope():\n"
+      "    made()\n"
+      "except NotImplementedError as error:\n"
+      "  print('REFUSED', error)\n"
+      # Made outside the strategy, used inside it: refused at the step, before any noise.
+      "opt = made()\n"
+      "w = tf.Variable(tf.ones([2]))\n"
       "def step(x):\n"
       "  with tf.GradientTape() as tape:\n"
       "    loss = tf.linalg.matvec(x, w)\n"
-      "  opt.minimize(loss, [w], tape=tape)\n"
+      "  opt.compute_gradients(loss, [w], tape=tape)\n"
       "try:\n"
       "  strategy.run(tf.function(step), (tf.ones([4, 2]),))\n"
       "except NotImplementedError as error:\n"
-      "  print('REFUSED', error)\n")
+      "  print('REFUSED AT STEP', error)\n")
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                         timeout=300, env=env, cwd=ROOT)
   assert "REFUSED" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+  assert "REFUSED AT STEP" in proc.stdout, proc.stdout + proc.stderr[-3000:]
   assert "2 replicas" in proc.stdout and "adaptive_clipping" in proc.stdout
 
 

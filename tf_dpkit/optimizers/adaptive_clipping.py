@@ -41,6 +41,11 @@ from tf_dpkit import noise as noise_lib
 
 __all__ = ["AdaptiveClipping", "AdaptiveClipState"]
 
+_SEVERAL_REPLICAS = (
+    "{owner}: adaptive_clipping is not supported under a tf.distribute strategy with "
+    "{replicas} replicas (the unclipped count and the clip-norm update are not all-reduced "
+    "across replicas); train on one replica or use a fixed l2_norm_clip.")
+
 #: The name of the clip norm in ``fit``'s logs.
 LOG_NAME = "l2_norm_clip"
 
@@ -130,6 +135,10 @@ class AdaptiveClipState:
           maths.default_count_noise_stddev(dp_settings.expected_batch_size))
     # The split is checked before the variable exists (nothing is created for bad settings).
     maths.sum_noise_multiplier(dp_settings.noise_multiplier, settings.count_noise_stddev)
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    if replicas > 1:
+      raise NotImplementedError(_SEVERAL_REPLICAS.format(owner=type(optimizer).__name__,
+                                                         replicas=replicas))
     variable = optimizer.add_variable(
         shape=(), initializer=keras.initializers.Constant(dp_settings.l2_norm_clip),
         dtype="float32", aggregation="only_first_replica", name="dp_adaptive_l2_norm_clip")
@@ -151,10 +160,7 @@ class AdaptiveClipState:
     """Refuses several replicas (not implemented: the count would need an all-reduce)."""
     replicas = distribute.num_replicas()
     if replicas > 1:
-      raise NotImplementedError(
-          f"{owner}: adaptive_clipping is not supported under a tf.distribute strategy with "
-          f"{replicas} replicas (the unclipped count and the clip-norm update are not "
-          "all-reduced across replicas); train on one replica or use a fixed l2_norm_clip.")
+      raise NotImplementedError(_SEVERAL_REPLICAS.format(owner=owner, replicas=replicas))
 
   def logs(self) -> dict:
     """``{"l2_norm_clip": C_t}`` (the clip norm the next step uses) for ``fit``'s logs."""
