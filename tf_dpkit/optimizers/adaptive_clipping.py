@@ -178,11 +178,11 @@ class AdaptiveClipState:
     self.check_supported(owner)
     grads = dp_settings.private_average(clipped_grads, realised_microbatches, step,
                                         noise_stddev=self.sum_noise_stddev())
-    updated = self.release_count_and_update(
+    # Eager: assigned here.  Traced: the assignment is a stateful op, run after the reads of
+    # C_t written before it (TensorFlow's automatic control dependencies).
+    self.release_count_and_update(
         clipped, dp_settings, step, dp_settings.normalizer(realised_microbatches))
-    # The gradients are returned only once C_t+1 is assigned (eager and graph alike).
-    with tf.control_dependencies([updated]):
-      return [None if g is None else tf.identity(g) for g in grads]
+    return grads
 
   def sum_noise_stddev(self):
     """``z_Delta C_t``: the std of the noise on the clipped sum (a scalar tensor, or 0.0)."""
@@ -196,7 +196,7 @@ class AdaptiveClipState:
 
     ``B~ = sum_i (1[norm_i <= C_t] - 1/2) + N(0, sigma_b^2)``; ``b~ = clamp(B~ / n + 1/2, 0,
     1)``; ``C_{t+1} = C_t exp(-eta_C (b~ - gamma))``.  ``normalizer`` is ``n`` (a float32 scalar
-    tensor).  Returns the assign op's value, ``C_{t+1}``.
+    tensor).  Returns ``C_{t+1}``.
     """
     clip = tf.cast(self.variable, tf.float32)
     norms = tf.cast(clipped.norms, tf.float32)
@@ -209,4 +209,5 @@ class AdaptiveClipState:
     fraction = tf.clip_by_value(noisy / tf.cast(normalizer, tf.float32) + 0.5, 0.0, 1.0)
     new_clip = clip * tf.exp(-self.settings.learning_rate *
                              (fraction - self.settings.target_quantile))
-    return self.variable.assign(new_clip)
+    self.variable.assign(new_clip)
+    return new_clip
