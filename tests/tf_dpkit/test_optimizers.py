@@ -223,7 +223,7 @@ def test_factory_rejects_non_optimizer_classes(bad):
     (dict(l2_norm_clip=1.0, noise_multiplier=1.0, seed=-3), r"seed must be None or an integer"),
     (dict(l2_norm_clip=1.0, noise_multiplier=1.0, expected_batch_size=-2), r"expected_batch_size"),
     (dict(l2_norm_clip=1.0, noise_multiplier=1.0, num_microbatches=4, expected_batch_size=64), r"needs num_microbatches=None"),
-    (dict(l2_norm_clip=1.0, noise_multiplier=1.0, gradient_accumulation_steps=4), r"gradient_accumulation_steps is not supported"),
+    (dict(l2_norm_clip=1.0, noise_multiplier=1.0, gradient_accumulation_steps=0), r"gradient_accumulation_steps must be an integer in \[1, inf\]"),
 ])
 def test_constructor_rejects_bad_settings(kwargs, match):
   with pytest.raises(ValueError, match=match):
