@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tf_dpkit.clipping import groups
 from tf_dpkit.clipping.examples import (per_example_loss_function, per_example_weights,
                                         pfor_is_safe)
 from tf_dpkit.clipping.fast_path import (check_examples_independent, clipped_sum_fast,
@@ -46,6 +47,8 @@ def clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_no
                           num_microbatches=None, method="auto"):
   """``(ClippedSum, y_pred)`` for a Keras model; see the module docstring for ``method``."""
   check_examples_independent(model)
+  if isinstance(l2_norm_clip, groups.LayerClipNorms):  # per-layer: bound to this model
+    l2_norm_clip = l2_norm_clip.resolve(model)
   per_example_loss_fn = per_example_loss_function(per_example_loss_fn)
   batch = tf.shape(tf.nest.flatten(x)[0])[0]
   sample_weight = per_example_weights(sample_weight, batch)

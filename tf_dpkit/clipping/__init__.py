@@ -6,11 +6,13 @@ example, each computed from that example alone); ``per_example`` owns the genera
 per-microbatch gradients (Jacobian of a vector loss recorded on a tape, or a map over
 microbatches of the inputs).  The faster per-layer path is ``fast_path`` (walks a Keras layer
 graph) with ``rules`` (one file per layer, registered on the exact layer class), checked by
-``testing.check_layer_rule``.  ``_keras_internals`` holds every private Keras API they use.
+``testing.check_layer_rule``.  ``groups`` holds per-layer (group-wise) clip norms.
+``_keras_internals`` holds every private Keras API they use.
 """
 from tf_dpkit.clipping.clipped_sum import ClippedSum, clip_and_sum, global_norms
 from tf_dpkit.clipping.examples import per_example_losses, per_example_weights
 from tf_dpkit.clipping.fast_path import clipped_sum_fast, fast_path_available
+from tf_dpkit.clipping.groups import LayerClipNorms
 from tf_dpkit.clipping.per_example import (
     clipped_sum_from_vector_loss,
     clipped_sum_vectorized,
@@ -22,5 +24,5 @@ __all__ = [
     "clipped_sum_fast", "fast_path_available", "LayerTrace", "lookup_rule", "register_layer_rule",
     "ClippedSum", "clip_and_sum", "global_norms", "clipped_sum_from_vector_loss",
     "clipped_sum_vectorized", "split_into_microbatches", "per_example_losses",
-    "per_example_weights",
+    "per_example_weights", "LayerClipNorms",
 ]

@@ -56,6 +56,8 @@ class ClippedSum:
 def issue_clipped_sum(grads, norms, losses, l2_norm_clip=None) -> ClippedSum:
   """Wraps the output of a clipping path (inside the clipping package only); ``l2_norm_clip``
   is the clip norm it was given (see ``ClippedSum.l2_norm_clip``)."""
+  # Per-layer clip norms (tf_dpkit.clipping.groups) record their total sqrt(sum C_l^2).
+  l2_norm_clip = getattr(l2_norm_clip, "total", l2_norm_clip)
   return ClippedSum(grads, norms, losses, l2_norm_clip, _token=_ISSUED)
 
 
@@ -96,6 +98,8 @@ def clip_and_sum(per_microbatch_grads, l2_norm_clip):
   Returns:
     ``(summed_grads, norms)``: the list of ``sum_j g_j min(1, C/||g_j||)`` and the [M] norms.
   """
+  if hasattr(l2_norm_clip, "clip_and_sum"):  # per-layer clip norms (tf_dpkit.clipping.groups)
+    return l2_norm_clip.clip_and_sum(per_microbatch_grads)
   norms = global_norms(per_microbatch_grads)
   factors = clip_factors(norms, l2_norm_clip)
   summed = []

@@ -247,7 +247,9 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
       ``examples.per_example_loss_function``); it is applied to each example alone.
     inputs: ``(x, y, sample_weight)`` with batch dimension B >= 1; ``sample_weight`` ([B] or
       [B, 1]) multiplies each example's loss.
-    l2_norm_clip: clip norm C > 0.
+    l2_norm_clip: clip norm C > 0, or per-layer clip norms resolved for ``model``
+      (``tf_dpkit.clipping.groups.ResolvedGroups``: each record's layer is clipped with its
+      group's norm).
     num_microbatches: None (per example) or M dividing B.
 
   Returns:
@@ -329,19 +331,27 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
         "exists.")
   output_grads = tape.gradient(total, [trace.watched for _, trace in records],
                                unconnected_gradients=tf.UnconnectedGradients.ZERO)
-  squared = tf.add_n([tf.cast(trace.squared_norms(g, groups), tf.float32)
-                      for (_, trace), g in zip(records, output_grads)])
-  norms = tf.sqrt(tf.maximum(squared, 0.0))
-  factors = clip_factors(norms, l2_norm_clip)
-  example_factors = tf.repeat(factors, batch // groups)
+  squared_by_record = [tf.cast(trace.squared_norms(g, groups), tf.float32)
+                       for (_, trace), g in zip(records, output_grads)]
+  norms = tf.sqrt(tf.maximum(tf.add_n(squared_by_record), 0.0))
+  if hasattr(l2_norm_clip, "group_of"):  # per-layer clip norms (tf_dpkit.clipping.groups)
+    record_group = [l2_norm_clip.group_of(layer.trainable_variables) for layer, _ in records]
+    zero = tf.zeros_like(norms)
+    group_factors = l2_norm_clip.factors([
+        tf.add_n([zero] + [sq for sq, k in zip(squared_by_record, record_group) if k == group])
+        for group in range(len(l2_norm_clip.clips))])
+    record_factors = [group_factors[k] for k in record_group]
+  else:
+    record_factors = [clip_factors(norms, l2_norm_clip)] * len(records)
 
   variables = model.trainable_variables
   index = {id(v): i for i, v in enumerate(variables)}
   sums = [None] * len(variables)
-  for (layer, trace), g in zip(records, output_grads):
+  for (layer, trace), g, factors in zip(records, output_grads, record_factors):
     layer_vars = layer.trainable_variables
     layer_sums = trace.clipped_sum(factors) if trace.clipped_sum is not None else None
     if layer_sums is None:
+      example_factors = tf.repeat(factors, batch // groups)
       shape = tf.concat([[batch], tf.ones([tf.rank(g) - 1], tf.int32)], 0)
       weighted = g * tf.reshape(tf.cast(example_factors, g.dtype), shape)
       layer_sums = tape.gradient(trace.watched, layer_vars, output_gradients=weighted,

@@ -70,6 +70,8 @@ class DPOptimizerBase:
     self._dp_certificate = PrivateGradientCertificate()
 
   l2_norm_clip = property(lambda self: self._dp.l2_norm_clip)
+  # Per-layer clip norms (tf_dpkit.clipping.groups.LayerClipNorms; l2_norm_clip is their total).
+  layer_clip_norms = property(lambda self: getattr(self, "_dp_layer_clips", None))
   # Adaptive clipping (tf_dpkit.optimizers.adaptive_clipping): its settings, or None.
   adaptive_clipping = property(
       lambda self: None if getattr(self, "_dp_adaptive", None) is None
@@ -83,6 +85,8 @@ class DPOptimizerBase:
     """The clip norm to clip this step's gradients at: ``l2_norm_clip`` (a float), or under
     adaptive clipping the optimizer variable holding the current ``C_t`` (which ``privatize``
     then requires; ``l2_norm_clip`` is ``C_0`` there)."""
+    if getattr(self, "_dp_layer_clips", None) is not None:  # per-layer (tf_dpkit.clipping.groups)
+      return self._dp_layer_clips
     adaptive = getattr(self, "_dp_adaptive", None)
     return self._dp.l2_norm_clip if adaptive is None else adaptive.variable
 

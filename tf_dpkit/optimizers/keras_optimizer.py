@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 
 from tf_dpkit.clipping import clipped_sum_from_vector_loss
+from tf_dpkit.clipping import groups as groups_lib
 from tf_dpkit.optimizers import accumulation as accumulation_lib
 from tf_dpkit.optimizers.adaptive_clipping import AdaptiveClipState
 from tf_dpkit.optimizers.base import CONSTRUCTOR_ARGS_DOC, DPOptimizerBase
@@ -42,11 +43,15 @@ def make_keras_dp_class(base):
       # Not passed to Keras: its accumulation would noise every micro-step (see accumulation).
       steps = accumulation_lib.check_accumulation_steps(
           kwargs.pop("gradient_accumulation_steps", None))
+      # Per-layer clip norms (tf_dpkit.clipping.groups): the settings hold their total C.
+      layer_clips, l2_norm_clip = groups_lib.split_clip_argument(
+          l2_norm_clip, kwargs.pop("layer_clip_norms", None))
       settings = self._validated_settings(args, kwargs, l2_norm_clip, noise_multiplier,
                                           num_microbatches, expected_batch_size, seed)
       super().__init__(*args, **kwargs)
       self._attach_dp(settings)
       self._dp_accumulation = accumulation_lib.GradientAccumulation(steps) if steps > 1 else None
+      self._dp_layer_clips = layer_clips
       # The privacy ledger (tf_dpkit.budget): optimizer state, so it is saved and restored with
       # the model (.keras files, save_weights, ModelCheckpoint, BackupAndRestore).
       self._privacy_ledger = self.add_variable(
@@ -54,6 +59,9 @@ def make_keras_dp_class(base):
           name="dp_privacy_ledger")
       # Adaptive clipping (tf_dpkit.optimizers.adaptive_clipping): C_t is optimizer state too.
       self._dp_adaptive = AdaptiveClipState.attach(self, adaptive_clipping, settings)
+      if self._dp_adaptive is not None and layer_clips is not None:
+        raise ValueError("adaptive_clipping is not supported with per-layer clip norms "
+                         "(LayerClipNorms): use one of them.")
       if self._dp_adaptive is not None and self._dp_accumulation is not None:
         raise ValueError("adaptive_clipping is not supported with gradient_accumulation_steps "
                          "> 1 (the unclipped count is not accumulated); use one of them.")
@@ -72,6 +80,8 @@ def make_keras_dp_class(base):
     def get_config(self):
       config = super().get_config()
       config.update(self._dp.config())
+      if self._dp_layer_clips is not None:
+        config["layer_clip_norms"] = self._dp_layer_clips.config()
       config["gradient_accumulation_steps"] = (None if self._dp_accumulation is None
                                                else self._dp_accumulation.steps)
       config["adaptive_clipping"] = (None if self._dp_adaptive is None
@@ -101,6 +111,11 @@ def make_keras_dp_class(base):
         raise ValueError(
             f"{type(self).__name__}.compute_gradients needs `tape=` (the GradientTape that "
             "recorded the vector loss), or pass the loss as a zero-argument callable.")
+      if self._dp_layer_clips is not None:
+        raise ValueError(
+            f"{type(self).__name__} has per-layer clip norms, which are grouped by the model's "
+            "layers; a vector loss and var_list have none. Use tf_dpkit.private_gradients("
+            "optimizer, model, ...) or a DP model's fit.")
       clipped = clipped_sum_from_vector_loss(
           loss, var_list, self.l2_norm_clip_for_step(), self.replica_num_microbatches(),
           tape=tape, loss_scale=self._loss_scale())
