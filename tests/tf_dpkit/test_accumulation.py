@@ -414,5 +414,28 @@ def test_accumulation_under_several_replicas_is_refused_before_any_step():
   """)
   out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        timeout=300, check=False)
-  assert "REFUSED: gradient_accumulation_steps=2 is not supported under MirroredStrategy with " \
-         "2 replicas" in out.stdout, out.stdout + out.stderr
+  assert "REFUSED: gradient_accumulation_steps=2 is not supported under MirroredStrategy " \
+         "(2 replica(s))" in out.stdout, out.stdout + out.stderr
+
+
+def test_mirrored_strategy_is_refused_before_any_step_and_one_device_works():
+  x = np.zeros((40, 4), np.float32)
+  y = np.zeros(40, np.int32)
+  for strategy, works in [(tf.distribute.OneDeviceStrategy("/cpu:0"), True),
+                          (tf.distribute.MirroredStrategy(["/cpu:0"]), False)]:
+    with strategy.scope():
+      model = tf_dpkit.DPSequential([keras.Input((4,)), keras.layers.Dense(2)])
+      optimizer = tf_dpkit.DPGradientDescentGaussianOptimizer(
+          1.0, 1.0, learning_rate=0.1, expected_batch_size=4.0, gradient_accumulation_steps=2)
+      model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    data = poisson_batches((x, y), expected_batch_size=4, steps=2, seed=0,
+                           gradient_accumulation_steps=2)
+    if works:
+      model.fit(data, epochs=1, steps_per_epoch=4, verbose=0)
+      assert int(optimizer.iterations.numpy()) == 2
+      continue
+    before = [w.numpy() for w in model.weights]
+    with pytest.raises(NotImplementedError, match=r"not supported under MirroredStrategy \(1 "):
+      model.fit(data, epochs=1, steps_per_epoch=4, verbose=0)
+    for a, w in zip(before, model.weights):
+      np.testing.assert_array_equal(a, w.numpy())

@@ -56,10 +56,11 @@ checkpoint taken in the middle of a logical batch therefore does not resume that
 micro-batches are dropped unreleased (no privacy cost, nothing recorded), and training
 continues with a fresh logical batch.
 
-Not supported (refused with a clear error): several replicas of a ``tf.distribute`` strategy
-(each replica would need its own accumulator and the releases would need a cross-replica
-condition inside Keras's update; use one replica or a larger global batch), and Keras's own
-``gradient_accumulation_steps`` (it would noise every micro-step: replaced by this module).
+Not supported (refused with ``NotImplementedError`` before any step): ``MirroredStrategy`` and
+``MultiWorkerMirroredStrategy``, with any number of replicas (Keras applies the update in a
+cross-replica merge, which TensorFlow cannot run inside the release condition, and each replica
+would need its own accumulator); no strategy and ``OneDeviceStrategy`` work.  Keras's own
+``gradient_accumulation_steps`` is not used (it would noise every micro-step).
 """
 from __future__ import annotations
 
@@ -68,7 +69,6 @@ import math
 import tensorflow as tf
 
 from analysis import _checks
-from tf_dpkit import distribute
 
 
 def check_accumulation_steps(value) -> int:
@@ -190,12 +190,8 @@ class GradientAccumulation:
     sums and microbatch count on the k-th micro-step only; it returns the private gradients.
     On the other micro-steps ``grads`` are zeros that ``apply`` never applies.
     """
-    if distribute.num_replicas() > 1:
-      raise NotImplementedError(
-          "gradient_accumulation_steps is not supported under a tf.distribute strategy with "
-          f"{distribute.num_replicas()} replicas (each replica would keep its own un-noised sum, "
-          "and the release would need a cross-replica condition around Keras's update). Train "
-          "on one replica, or use a larger global batch instead of accumulation.")
+    _check_strategy(tf.distribute.get_strategy() if tf.distribute.has_strategy() else None,
+                    self.steps)
     sums = self._sum_variables(clipped_grads)
     position = self._position.read_value()
     is_release = tf.equal(position + 1, self.steps)
@@ -273,10 +269,22 @@ def check_fit(model, pipeline) -> None:
         "Build both with the same gradient_accumulation_steps.")
   if accumulation is None:
     return
-  replicas = model.distribute_strategy.num_replicas_in_sync
-  if replicas > 1:
-    raise NotImplementedError(
-        f"gradient_accumulation_steps={k} is not supported under "
-        f"{type(model.distribute_strategy).__name__} with {replicas} replicas; train on one "
-        "replica, or use a larger global batch instead of accumulation.")
+  _check_strategy(model.distribute_strategy, k)
   accumulation.discard()
+
+
+def _check_strategy(strategy, k) -> None:
+  """Refuses strategies that update in a cross-replica merge (Mirrored, MultiWorkerMirrored):
+  Keras's update would have to run inside the release condition, where TensorFlow forbids a
+  merge; each replica would also keep its own un-noised sum.  No strategy and
+  ``OneDeviceStrategy`` are fine."""
+  if strategy is None or isinstance(strategy, tf.distribute.OneDeviceStrategy):
+    return
+  if type(strategy).__name__ == "_DefaultDistributionStrategy":
+    return
+  raise NotImplementedError(
+      f"gradient_accumulation_steps={k} is not supported under {type(strategy).__name__} "
+      f"({strategy.num_replicas_in_sync} replica(s)): Keras applies the update in a "
+      "cross-replica merge, which TensorFlow cannot run inside the once-per-logical-batch "
+      "condition, and each replica would keep its own un-noised sum. Train without a strategy "
+      "or under OneDeviceStrategy, or use a larger global batch instead of accumulation.")
