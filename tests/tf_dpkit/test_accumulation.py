@@ -439,3 +439,20 @@ def test_mirrored_strategy_is_refused_before_any_step_and_one_device_works():
       model.fit(data, epochs=1, steps_per_epoch=4, verbose=0)
     for a, w in zip(before, model.weights):
       np.testing.assert_array_equal(a, w.numpy())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spe", [1, 3])
+def test_budget_stops_at_the_last_affordable_logical_step(spe):
+  # The target allows exactly 3 logical steps (reference: compute_rdp); fit offers 6.
+  orders = rdp_accountant.DEFAULT_ORDERS
+
+  def epsilon(steps):
+    return rdp_accountant.get_privacy_spent(
+        orders, rdp_accountant.compute_rdp(0.1, 1.1, steps, orders), target_delta=1e-5)[0]
+  target = (epsilon(3) + epsilon(4)) / 2
+  budget = PrivacyBudget(0.1, 1e-5, target_epsilon=target, verbose=False)
+  _, optimizer = _fit(3, 6, budget=budget, spe=spe, epochs=1, steps_per_epoch=18)
+  assert budget.accountant.steps == int(optimizer.iterations.numpy()) == 3
+  assert budget.accountant.epsilon() == pytest.approx(epsilon(3), rel=1e-12)
+  assert budget.accountant.epsilon() <= target
