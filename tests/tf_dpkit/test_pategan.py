@@ -124,9 +124,7 @@ def test_votes_are_counts_of_teacher_decisions(fitted):
 
 
 def test_rank_votes_give_each_teacher_a_fixed_number_of_real_votes():
-  gan = _gan(vote="rank", vote_fraction=0.4)
-  x, y = _data(n=8)
-  gan.fit(x, y, iterations=1, verbose=False)
+  gan = _gan(vote="rank", vote_fraction=0.4)  # initial teacher weights (differ per teacher)
   xq, yq = _data(n=6, seed=5)
   onehot = np.eye(K, dtype=np.float32)[yq]
   counts = gan._votes_fn(tf.constant(xq), tf.constant(onehot)).numpy()
@@ -140,34 +138,24 @@ def test_rank_votes_give_each_teacher_a_fixed_number_of_real_votes():
   assert counts[:, pg.REAL].sum() == 4 * 3
 
 
-def test_accountant_counts_every_labelled_student_example_and_budget_stop():
-  gan = _gan(student_steps=2, student_batch_size=5)
-  x, y = _data(n=8)
-  out = gan.fit(x, y, iterations=3, verbose=False)
-  assert gan.accountant.queries == 3 * 2 * 5 == out["queries"]
-  assert gan.accountant.answered == 30
+def test_accountant_counts_every_labelled_student_example(fitted):
+  gan = fitted[0]  # 2 iterations x 1 student step x 5 queries
+  assert gan.accountant.queries == 2 * 1 * 5 == gan.accountant.answered
+  assert gan.history[-1]["queries"] == 10
   # The publishable epsilon is the accountant's data-independent one ...
   assert gan.epsilon() == pytest.approx(gan.accountant.data_independent_epsilon(1e-5),
                                         rel=1e-12)
-  # ... and equals the exact epsilon of 30 GNMax answers: each a Gaussian mechanism of L2
-  # sensitivity sqrt(2) and noise s = 2, composed into one with mu = sqrt(30) sqrt(2) / s,
+  # ... and equals the exact epsilon of 10 GNMax answers: each a Gaussian mechanism of L2
+  # sensitivity sqrt(2) and noise s = 2, composed into one with mu = sqrt(10) sqrt(2) / s,
   # delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) (Balle & Wang 2018), solved
   # for delta = 1e-5 (scipy, independent of the accountant).
-  mu = math.sqrt(30) * math.sqrt(2) / 2.0
+  mu = math.sqrt(10) * math.sqrt(2) / 2.0
   exact = optimize.brentq(
       lambda e: stats.norm.cdf(-e / mu + mu / 2) - math.exp(e) * stats.norm.cdf(-e / mu - mu / 2)
       - 1e-5, 0.0, 100.0, xtol=1e-12)
   assert gan.epsilon() == pytest.approx(exact, rel=1e-6)
   # The data-dependent (private) bound is never above it.
   assert gan.data_dependent_epsilon() <= gan.epsilon() + 1e-12
-  # Budget: training stops before the iteration that would exceed the target.
-  target = pg.data_independent_epsilon(25, 2.0, 1e-5) + 1e-9
-  gan2 = _gan(student_steps=1, student_batch_size=5)
-  out2 = gan2.fit(x, y, iterations=100, target_epsilon=target, verbose=False)
-  assert out2["stopped_by_budget"] and out2["iterations"] == 5
-  assert gan2.accountant.queries == 25 and gan2.epsilon() <= target
-  assert pg.data_independent_epsilon(30, 2.0, 1e-5) > target
-  assert [h["queries"] for h in gan2.history] == [25]
 
 
 def test_noise_scale_for_budget_and_affordable_queries():
@@ -206,14 +194,24 @@ def test_saved_generator_samples_without_data(tmp_path, fitted):
   np.testing.assert_allclose(images, expected, atol=1e-6)
 
 
-def test_end_to_end_unconditional_and_noiseless():
+def test_end_to_end_unconditional_budget_stop_and_noiseless():
   x, _ = _data(n=8)
-  gan = _gan(num_classes=None, noise_scale=3.0)
+  gan = _gan(num_classes=None, noise_scale=3.0, student_steps=2, student_batch_size=3)
   logs = []
-  out = gan.fit(x, iterations=4, log_every=2, callback=logs.append, verbose=False)
+  # Budget: training stops before the iteration that would exceed the target (6 answers per
+  # iteration; the target allows 24 answers but not 30).
+  target = pg.data_independent_epsilon(24, 3.0, 1e-5) + 1e-9
+  assert pg.data_independent_epsilon(30, 3.0, 1e-5) > target
+  out = gan.fit(x, iterations=100, target_epsilon=target, log_every=2, callback=logs.append,
+                verbose=False)
+  assert out["stopped_by_budget"] and out["iterations"] == 4 and out["queries"] == 24
+  assert gan.accountant.queries == 24 and gan.epsilon() <= target
   assert [entry["iteration"] for entry in logs] == [2, 4]
+  assert [entry["queries"] for entry in logs] == [12, 24]
   assert logs[0]["epsilon"] < logs[1]["epsilon"] == pytest.approx(out["epsilon"])
   assert out["epsilon"] == pytest.approx(gan.accountant.data_independent_epsilon(1e-5))
+  with pytest.raises(ValueError, match="does not allow one more iteration"):
+    gan.fit(x, iterations=1, target_epsilon=target, verbose=False)
   # No noise: noiseless majority, epsilon inf, nothing recorded.
   quiet = _gan(noise_scale=None)
   x, y = _data(n=8)
@@ -294,21 +292,32 @@ def test_refusals_of_models():
 
 def test_refusals_in_fit():
   x, y = _data(n=8)
-  with pytest.raises(ValueError, match="num_teachers=4 is more than the N=3"):
-    _gan().fit(x[:3], y[:3], iterations=1, verbose=False)
-  with pytest.raises(ValueError, match="y .* is required"):
-    _gan().fit(x, iterations=1, verbose=False)
-  with pytest.raises(ValueError, match="y must hold labels"):
-    _gan().fit(x, y + K, iterations=1, verbose=False)
-  with pytest.raises(ValueError, match="x must have shape"):
-    _gan().fit(x[..., 0], y, iterations=1, verbose=False)
-  with pytest.raises(ValueError, match="noise_scale=None"):
-    _gan(noise_scale=None).fit(x, y, iterations=1, target_epsilon=1.0, verbose=False)
   gan = _gan()
+  with pytest.raises(ValueError, match="num_teachers=4 is more than the N=3"):
+    gan.fit(x[:3], y[:3], iterations=1, verbose=False)
+  with pytest.raises(ValueError, match="y .* is required"):
+    gan.fit(x, iterations=1, verbose=False)
+  with pytest.raises(ValueError, match="y must hold labels"):
+    gan.fit(x, y + K, iterations=1, verbose=False)
+  with pytest.raises(ValueError, match="y must be an integer array"):
+    gan.fit(x, y.astype(float), iterations=1, verbose=False)
+  with pytest.raises(ValueError, match="x must have shape"):
+    gan.fit(x[..., 0], y, iterations=1, verbose=False)
   with pytest.raises(ValueError, match="does not allow one more iteration"):
     gan.fit(x, y, iterations=1, target_epsilon=1e-3, verbose=False)
-  assert gan.accountant.queries == 0 and gan.shards is None  # refused before any step
   with pytest.raises(ValueError, match="iterations"):
-    _gan().fit(x, y, iterations=0, verbose=False)
+    gan.fit(x, y, iterations=0, verbose=False)
+  with pytest.raises(ValueError, match="target_epsilon"):
+    gan.fit(x, y, iterations=1, target_epsilon=-1.0, verbose=False)
+  with pytest.raises(ValueError, match="callback"):
+    gan.fit(x, y, iterations=1, callback=3, verbose=False)
+  # Every refusal came before any step, vote or answer.
+  assert gan.accountant.queries == 0 and gan.shards is None and gan._aggregator.draws == 0
+  assert all(int(v.numpy()) == 0 for v in gan.teacher_optimizer.variables[:1])
+  quiet = _gan(noise_scale=None)
+  with pytest.raises(ValueError, match="noise_scale=None"):
+    quiet.fit(x, y, iterations=1, target_epsilon=1.0, verbose=False)
   with pytest.raises(ValueError, match="sanitized_epsilon needs"):
-    _gan(noise_scale=None).sanitized_epsilon(beta=0.01, sigma_ss=1.0, order=10.0)
+    quiet.sanitized_epsilon(beta=0.01, sigma_ss=1.0, order=10.0)
+  with pytest.raises(ValueError, match="y must be None"):
+    _gan(num_classes=None).fit(x, y, iterations=1, verbose=False)
