@@ -208,6 +208,8 @@ def test_end_to_end_unconditional_budget_stop_and_noiseless():
   assert gan.accountant.queries == 24 and gan.epsilon() <= target
   assert [entry["iteration"] for entry in logs] == [2, 4]
   assert [entry["queries"] for entry in logs] == [12, 24]
+  assert set(logs[0]) == {"iteration", "queries", "epsilon", "seconds",
+                          "released_real_fraction", "student_loss", "generator_loss"}
   assert logs[0]["epsilon"] < logs[1]["epsilon"] == pytest.approx(out["epsilon"])
   assert out["epsilon"] == pytest.approx(gan.accountant.data_independent_epsilon(1e-5))
   with pytest.raises(ValueError, match="does not allow one more iteration"):
