@@ -120,14 +120,16 @@ class PrivacyAccountant:
     elif phase.steps:
       self.phases.append(phase)
 
-  def epsilon(self, delta: float | None = None, extra: Phase | None = None) -> float:
+  def epsilon(self, delta: float | None = None, extra: Phase | list | None = None) -> float:
     """Epsilon at ``delta`` (default: the accountant's) for the recorded steps.
 
-    ``extra`` is an optional phase of future steps to include (a what-if for budget checks).
+    ``extra`` is an optional phase (or list of phases, e.g. the pieces of a noise schedule) of
+    future steps to include (a what-if for budget checks).
     """
     delta = self.delta if delta is None else delta
     accountant = _accountants.make_accountant(self.accountant)
-    for phase in self.phases + ([extra] if extra is not None else []):
+    extra = [] if extra is None else [extra] if isinstance(extra, Phase) else list(extra)
+    for phase in self.phases + extra:
       accountant.compose(phase.event())
     return float(accountant.get_epsilon(delta))
 
@@ -235,7 +237,9 @@ class PrivacyBudget(keras.callbacks.Callback):
     PrivacyAccountant(0.5).record(sampling_probability, 1.0, 0, sampling=sampling,
                                   steps_per_epoch=steps_per_epoch)  # validates now
 
-  def _current_phase(self, steps):
+  def _current_phase(self, steps, noise_multiplier=None):
+    """The phase of ``steps`` steps with the optimizer's settings (``noise_multiplier``: the
+    value to use under a noise schedule)."""
     optimizer = self.model.optimizer
     microbatch_size = 1
     if optimizer.num_microbatches is not None:
@@ -248,8 +252,42 @@ class PrivacyBudget(keras.callbacks.Callback):
             f"num_microbatches={m} per logical batch) to know the microbatch size, got "
             f"{self.batch_size!r}.")
       microbatch_size = int(self.batch_size) // m
-    return Phase(float(self.sampling_probability), float(optimizer.noise_multiplier), steps,
-                 self.sampling, microbatch_size, self.steps_per_epoch)
+    sigma = optimizer.noise_multiplier if noise_multiplier is None else noise_multiplier
+    return Phase(float(self.sampling_probability), float(sigma), steps, self.sampling,
+                 microbatch_size, self.steps_per_epoch)
+
+  def _phases(self, start, stop):
+    """The phases of the optimizer steps ``start <= t < stop``: one, or one per piece of the
+    optimizer's noise-multiplier schedule (each step accounted with its own sigma)."""
+    schedule = getattr(self.model.optimizer, "noise_multiplier_schedule", None)
+    if schedule is None:
+      return [self._current_phase(stop - start)]
+    return [self._current_phase(count, sigma) for sigma, count in schedule.pieces(start, stop)]
+
+  def _check_ledger_capacity(self):
+    """Refuses, before training, a noise schedule whose phases would overflow the ledger."""
+    schedule = getattr(self.model.optimizer, "noise_multiplier_schedule", None)
+    variable = self._ledger_variable()
+    if schedule is None or variable is None:
+      return
+    epochs, steps = (self.params or {}).get("epochs"), (self.params or {}).get("steps")
+    if epochs and steps:
+      stop = self._seen_iterations + int(epochs) * int(steps)
+    else:  # length unknown: through the schedule's last change
+      stop = max(self._seen_iterations, schedule.boundaries[-1] if schedule.boundaries else 0) + 1
+    trial = PrivacyAccountant(self.accountant.delta, self.accountant.accountant)
+    trial.phases = [dataclasses.replace(p) for p in self.accountant.phases]
+    for phase in self._phases(self._seen_iterations, stop):
+      trial.record(phase.sampling_probability, phase.noise_multiplier, phase.steps,
+                   sampling=phase.sampling, microbatch_size=phase.microbatch_size,
+                   steps_per_epoch=phase.steps_per_epoch)
+    rows = int(variable.shape[0])
+    if len(trial.phases) > rows:
+      raise ValueError(
+          f"The noise_multiplier schedule {schedule} would make this run's privacy ledger hold "
+          f"{len(trial.phases)} phases (runs of steps with one noise multiplier) by step "
+          f"{stop}, but optimizer.privacy_ledger holds at most {rows}. Use a schedule with "
+          "fewer changes, or train fewer steps per fit.")
 
   def _check_batches_can_be_poisson(self):
     """Refuses to account as Poisson-sampled what certainly is not (fixed-size batches)."""
@@ -323,10 +361,10 @@ class PrivacyBudget(keras.callbacks.Callback):
   def _record_until(self, iterations: int):
     """Records the steps between the last seen optimizer iteration and ``iterations``."""
     if iterations > self._seen_iterations:
-      phase = self._current_phase(iterations - self._seen_iterations)
-      self.accountant.record(phase.sampling_probability, phase.noise_multiplier, phase.steps,
-                             sampling=phase.sampling, microbatch_size=phase.microbatch_size,
-                             steps_per_epoch=phase.steps_per_epoch)
+      for phase in self._phases(self._seen_iterations, iterations):
+        self.accountant.record(phase.sampling_probability, phase.noise_multiplier, phase.steps,
+                               sampling=phase.sampling, microbatch_size=phase.microbatch_size,
+                               steps_per_epoch=phase.steps_per_epoch)
       self._seen_iterations = iterations
       self._write_ledger()
 
@@ -336,7 +374,7 @@ class PrivacyBudget(keras.callbacks.Callback):
   def _largest_affordable_total(self):
     """Largest total step count whose epsilon stays within the target (doubling + bisection)."""
     def fits(extra_steps):
-      extra = self._current_phase(extra_steps)
+      extra = self._phases(self._seen_iterations, self._seen_iterations + extra_steps)
       return self.accountant.epsilon(extra=extra) <= self.target_epsilon
     if not fits(0):
       return self.accountant.steps
@@ -364,7 +402,8 @@ class PrivacyBudget(keras.callbacks.Callback):
           "(trained without a PrivacyBudget, or restored from a checkpoint made before the "
           "ledger existed). Train every step with a PrivacyBudget, or pass the earlier run's "
           "accountant (accountant=PrivacyAccountant.from_state_dict(saved)).")
-    self._current_phase(0)  # validates batch_size against num_microbatches before training
+    self._current_phase(0, 0.0)  # validates batch_size against num_microbatches before training
+    self._check_ledger_capacity()
     self._check_pipeline()
     if self.sampling == "poisson":
       self._check_batches_can_be_poisson()

@@ -124,6 +124,9 @@ class AdaptiveClipState:
     settings = AdaptiveClipping.coerce(adaptive_clipping)
     if settings is None:
       return None
+    if dp_settings.scheduled:
+      raise ValueError("adaptive_clipping does not combine with an l2_norm_clip or "
+                       "noise_multiplier schedule; use one of them.")
     if settings.count_noise_stddev is None:
       if dp_settings.expected_batch_size is None:
         raise ValueError(

@@ -77,18 +77,27 @@ class DPOptimizerBase:
       lambda self: None if getattr(self, "_dp_adaptive", None) is None
       else self._dp_adaptive.settings)
   noise_multiplier = property(lambda self: self._dp.noise_multiplier)
+  # The noise-multiplier schedule (analysis.schedules.PiecewiseConstant), or None.
+  noise_multiplier_schedule = property(lambda self: self._dp.noise_schedule)
   num_microbatches = property(lambda self: self._dp.num_microbatches)
   expected_batch_size = property(lambda self: self._dp.expected_batch_size)
   dp_settings = property(lambda self: self._dp)
 
   def l2_norm_clip_for_step(self):
-    """The clip norm to clip this step's gradients at: ``l2_norm_clip`` (a float), or under
-    adaptive clipping the optimizer variable holding the current ``C_t`` (which ``privatize``
-    then requires; ``l2_norm_clip`` is ``C_0`` there)."""
+    """The clip norm to clip this step's gradients at: ``l2_norm_clip`` (a float); under
+    adaptive clipping the optimizer variable holding the current ``C_t`` (``l2_norm_clip`` is
+    ``C_0`` there); under an ``l2_norm_clip`` schedule its value at this step (a tensor).
+    ``privatize`` requires a sum clipped at exactly this."""
     if getattr(self, "_dp_layer_clips", None) is not None:  # per-layer (tf_dpkit.clipping.groups)
       return self._dp_layer_clips
     adaptive = getattr(self, "_dp_adaptive", None)
-    return self._dp.l2_norm_clip if adaptive is None else adaptive.variable
+    if adaptive is not None:
+      return adaptive.variable
+    if self._dp.clip_schedule is None:
+      return self._dp.l2_norm_clip
+    # A clip-norm schedule: its value at this step, a tensor that privatize then requires.
+    self._dp_scheduled_clip = self._dp.clip_for_step(self._noise_step())
+    return self._dp_scheduled_clip
 
   def dp_logs(self) -> dict:
     """Values for ``fit``'s logs: ``{"l2_norm_clip": C_t}`` under adaptive clipping, else {}."""
@@ -133,6 +142,12 @@ class DPOptimizerBase:
     adaptive = getattr(self, "_dp_adaptive", None)
     if adaptive is not None:
       adaptive.check_clipped_at_current_clip(clipped, type(self).__name__)
+    elif self._dp.clip_schedule is not None:
+      if clipped.l2_norm_clip is not getattr(self, "_dp_scheduled_clip", None):
+        raise ValueError(
+            f"{type(self).__name__} has an l2_norm_clip schedule, but this sum was not clipped "
+            "at the clip norm optimizer.l2_norm_clip_for_step() gave for this step (call it "
+            "once per step and clip with its result; tf_dpkit's training paths do).")
     elif (isinstance(clipped.l2_norm_clip, numbers.Real)
           and clipped.l2_norm_clip > self._dp.l2_norm_clip):
       raise ValueError(
@@ -148,7 +163,12 @@ class DPOptimizerBase:
       grads = adaptive.private_average(self._dp, clipped, clipped_grads, microbatches,
                                        self._noise_step(), type(self).__name__)
     elif accumulation is None:
-      grads = self._dp.private_average(clipped_grads, microbatches, self._noise_step())
+      # Under a schedule: sigma_t times the clip this sum was clipped at (None: sigma C).
+      stddev = self._dp.scheduled_noise_stddev(
+          self._dp.l2_norm_clip if self._dp.clip_schedule is None else clipped.l2_norm_clip,
+          self._noise_step())
+      grads = self._dp.private_average(clipped_grads, microbatches, self._noise_step(),
+                                       noise_stddev=stddev)
     else:  # virtual batches: noise once per logical batch (tf_dpkit.optimizers.accumulation)
       grads, _ = accumulation.step(
           clipped_grads, microbatches,

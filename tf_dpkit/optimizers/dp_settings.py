@@ -7,6 +7,7 @@ import math
 import tensorflow as tf
 
 from analysis import _checks
+from analysis import schedules
 from tf_dpkit import distribute
 from tf_dpkit import noise as noise_lib
 
@@ -15,8 +16,10 @@ class DPSettings:
   """Validated DP-SGD settings.
 
   Attributes:
-    l2_norm_clip: C > 0, the L2 bound on each microbatch's gradient.
-    noise_multiplier: sigma >= 0; the noise added to the clipped sum has std ``sigma * C``.
+    l2_norm_clip: C > 0, the L2 bound on each microbatch's gradient, or an
+      ``analysis.schedules.PiecewiseConstant`` schedule of it over the optimizer's steps.
+    noise_multiplier: sigma >= 0; the noise added to the clipped sum has std ``sigma * C``; or
+      a ``PiecewiseConstant`` schedule of it (each step is then accounted with its own sigma).
     num_microbatches: ``None`` (one per example) or M >= 1 dividing every batch.
     expected_batch_size: ``None`` or the expected size of a Poisson-sampled batch; when set the
       noisy sum is divided by it instead of by the realised number of microbatches (the
@@ -26,8 +29,14 @@ class DPSettings:
 
   def __init__(self, l2_norm_clip, noise_multiplier, num_microbatches=None, *,
                expected_batch_size=None, seed=None):
-    self.l2_norm_clip = _checks.check_finite_positive("l2_norm_clip", l2_norm_clip)
-    self.noise_multiplier = _checks.check_finite_nonnegative("noise_multiplier", noise_multiplier)
+    self.clip_schedule = schedules.as_schedule("l2_norm_clip", l2_norm_clip, positive=True)
+    self.noise_schedule = schedules.as_schedule("noise_multiplier", noise_multiplier,
+                                                positive=False)
+    self.l2_norm_clip = (self.clip_schedule if self.clip_schedule is not None else
+                         _checks.check_finite_positive("l2_norm_clip", l2_norm_clip))
+    self.noise_multiplier = (self.noise_schedule if self.noise_schedule is not None else
+                             _checks.check_finite_nonnegative("noise_multiplier",
+                                                              noise_multiplier))
     self.num_microbatches = (None if num_microbatches is None else
                              _checks.check_integer("num_microbatches", num_microbatches, minimum=1,
                                                    none_allowed=True))
@@ -70,15 +79,41 @@ class DPSettings:
     return self._noise_draw_counter().assign_add(1)
 
   @property
+  def scheduled(self) -> bool:
+    """True when the clip norm or the noise multiplier follows a schedule."""
+    return self.clip_schedule is not None or self.noise_schedule is not None
+
+  @property
   def noise_stddev(self) -> float:
-    """Std of the Gaussian noise added to the clipped sum: ``noise_multiplier * l2_norm_clip``."""
+    """Std of the Gaussian noise added to the clipped sum: ``noise_multiplier * l2_norm_clip``
+    (constant settings only; see :meth:`scheduled_noise_stddev`)."""
+    if self.scheduled:
+      raise TypeError("noise_stddev is per step under a schedule: use scheduled_noise_stddev.")
     return self.noise_multiplier * self.l2_norm_clip
+
+  def clip_for_step(self, step):
+    """The clip norm of the optimizer step ``step`` (an int64 scalar tensor): the constant
+    ``l2_norm_clip`` (a float), or the clip schedule's value there (a float32 tensor)."""
+    if self.clip_schedule is None:
+      return self.l2_norm_clip
+    return schedule_value(self.clip_schedule, step)
+
+  def scheduled_noise_stddev(self, clip, step):
+    """``sigma_t * C``: the noise std of step ``step`` for a sum clipped at ``clip`` (the float
+    or tensor the clipping was given), a float32 tensor; None without schedules."""
+    if not self.scheduled:
+      return None
+    sigma = (tf.constant(self.noise_multiplier, tf.float32) if self.noise_schedule is None
+             else schedule_value(self.noise_schedule, step))
+    return sigma * tf.cast(clip, tf.float32)
 
   def config(self) -> dict:
     """The public settings for ``get_config`` (never the noise key)."""
+    def plain(value):
+      return value.get_config() if isinstance(value, schedules.PiecewiseConstant) else value
     return {
-        "l2_norm_clip": self.l2_norm_clip,
-        "noise_multiplier": self.noise_multiplier,
+        "l2_norm_clip": plain(self.l2_norm_clip),
+        "noise_multiplier": plain(self.noise_multiplier),
         "num_microbatches": self.num_microbatches,
         "expected_batch_size": self.expected_batch_size,
     }
@@ -121,3 +156,15 @@ class DPSettings:
     # float64 holds the expected batch size and any count exactly; cast once per dtype.
     normalizer = self.normalizer(realised_microbatches, tf.float64)
     return [None if g is None else g / tf.cast(normalizer, g.dtype) for g in noised]
+
+
+def schedule_value(schedule, step):
+  """The value of the ``PiecewiseConstant`` ``schedule`` at the 0-based ``step`` (an integer
+  scalar tensor), as a float32 scalar tensor: ``values[#{boundaries <= step}]``, as
+  ``PiecewiseConstant.value_at``."""
+  values = tf.constant(schedule.values, tf.float32)
+  if not schedule.boundaries:
+    return values[0]
+  boundaries = tf.constant(schedule.boundaries, tf.int64)
+  index = tf.searchsorted(boundaries, tf.reshape(tf.cast(step, tf.int64), [1]), side="right")
+  return tf.gather(values, index[0])

@@ -20,6 +20,23 @@ from tf_dpkit.optimizers.base import CONSTRUCTOR_ARGS_DOC, DPOptimizerBase
 PRIVACY_LEDGER_SHAPE = (64, 8)
 
 
+def _check_schedules(settings, accumulation):
+  """Refuses schedules the ledger cannot hold or that virtual batches do not follow."""
+  for name, schedule in (("noise_multiplier", settings.noise_schedule),
+                         ("l2_norm_clip", settings.clip_schedule)):
+    if schedule is None:
+      continue
+    if accumulation is not None:
+      raise ValueError(f"A {name} schedule is not supported with gradient_accumulation_steps "
+                       "> 1; use one of them.")
+    # Each run of equal noise multipliers is a ledger phase; clip changes cost nothing.
+    if name == "noise_multiplier" and schedule.num_pieces > PRIVACY_LEDGER_SHAPE[0]:
+      raise ValueError(
+          f"The {name} schedule has {schedule.num_pieces} pieces, but the privacy ledger "
+          f"(optimizer.privacy_ledger) holds at most {PRIVACY_LEDGER_SHAPE[0]} phases (runs of "
+          "steps with one noise multiplier); use at most that many pieces.")
+
+
 def make_keras_dp_class(base):
   """Builds the DP subclass of the Keras 3 optimizer class ``base`` (see the factory)."""
 
@@ -62,6 +79,7 @@ def make_keras_dp_class(base):
       if self._dp_adaptive is not None and layer_clips is not None:
         raise ValueError("adaptive_clipping is not supported with per-layer clip norms "
                          "(LayerClipNorms): use one of them.")
+      _check_schedules(settings, self._dp_accumulation)
       if self._dp_adaptive is not None and self._dp_accumulation is not None:
         raise ValueError("adaptive_clipping is not supported with gradient_accumulation_steps "
                          "> 1 (the unclipped count is not accumulated); use one of them.")

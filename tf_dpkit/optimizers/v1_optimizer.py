@@ -38,6 +38,9 @@ def make_v1_dp_class(base):
                          "(tf_dpkit.DP...GaussianOptimizer), not by the tf.compat.v1 ones.")
       settings = self._validated_settings(args, kwargs, l2_norm_clip, noise_multiplier,
                                           num_microbatches, expected_batch_size, seed)
+      if settings.scheduled:
+        raise ValueError("l2_norm_clip / noise_multiplier schedules are supported by the Keras 3 "
+                         "DP optimizers only (they follow the optimizer's step counter).")
       self._attach_dp(settings)
       super().__init__(*args, **kwargs)
 
