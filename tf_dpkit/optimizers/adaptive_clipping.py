@@ -25,11 +25,17 @@ Contract (the maths and the privacy argument are in ``analysis.adaptive_clipping
 * then ``C_{t+1} = C_t exp(-eta_C (clamp(B~ / n + 1/2, 0, 1) - gamma))``, ``n`` the optimizer's
   normaliser (``expected_batch_size``, else the number of microbatches of the batch).
 
-Refused (``ValueError`` / ``NotImplementedError``, before any noise is drawn): ``sigma_b <=
-z / 2`` or a split that more than doubles the sum's noise, ``tf.compat.v1`` optimizers, more
-than one replica under ``tf.distribute``, and gradient accumulation.
+Under a ``tf.distribute`` strategy with R replicas each replica adds an independent share of
+both noises (variances ``(z_Delta C_t)^2 / R`` and ``sigma_b^2 / R``) and the count is
+all-reduced, so the release is that of one device (``tf_dpkit.distribute``).
+
+Refused (``ValueError``, before any noise is drawn): ``sigma_b <= z / 2`` or a split that more
+than doubles the sum's noise, ``tf.compat.v1`` optimizers, gradient accumulation, per-layer
+clip norms and ``l2_norm_clip`` / ``noise_multiplier`` schedules.
 """
 from __future__ import annotations
+
+import math
 
 import keras
 import tensorflow as tf
@@ -40,11 +46,6 @@ from tf_dpkit import distribute
 from tf_dpkit import noise as noise_lib
 
 __all__ = ["AdaptiveClipping", "AdaptiveClipState"]
-
-_SEVERAL_REPLICAS = (
-    "{owner}: adaptive_clipping is not supported under a tf.distribute strategy with "
-    "{replicas} replicas (the unclipped count and the clip-norm update are not all-reduced "
-    "across replicas); train on one replica or use a fixed l2_norm_clip.")
 
 #: The name of the clip norm in ``fit``'s logs.
 LOG_NAME = "l2_norm_clip"
@@ -138,10 +139,6 @@ class AdaptiveClipState:
           maths.default_count_noise_stddev(dp_settings.expected_batch_size))
     # The split is checked before the variable exists (nothing is created for bad settings).
     maths.sum_noise_multiplier(dp_settings.noise_multiplier, settings.count_noise_stddev)
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    if replicas > 1:
-      raise NotImplementedError(_SEVERAL_REPLICAS.format(owner=type(optimizer).__name__,
-                                                         replicas=replicas))
     variable = optimizer.add_variable(
         shape=(), initializer=keras.initializers.Constant(dp_settings.l2_norm_clip),
         dtype="float32", aggregation="only_first_replica", name="dp_adaptive_l2_norm_clip")
@@ -159,12 +156,6 @@ class AdaptiveClipState:
           "would not match its sensitivity. Clip with `optimizer.l2_norm_clip_for_step()` "
           "(tf_dpkit.private_gradients, DP models' fit and optimizer.minimize do).")
 
-  def check_supported(self, owner: str):
-    """Refuses several replicas (not implemented: the count would need an all-reduce)."""
-    replicas = distribute.num_replicas()
-    if replicas > 1:
-      raise NotImplementedError(_SEVERAL_REPLICAS.format(owner=owner, replicas=replicas))
-
   def logs(self) -> dict:
     """``{"l2_norm_clip": C_t}`` (the clip norm the next step uses) for ``fit``'s logs."""
     return {LOG_NAME: tf.convert_to_tensor(self.variable)}
@@ -178,7 +169,7 @@ class AdaptiveClipState:
     (for the clipping, the noise and the count) before it is assigned: TensorFlow orders
     operations on one variable as written.
     """
-    self.check_supported(owner)
+    del owner
     grads = dp_settings.private_average(clipped_grads, realised_microbatches, step,
                                         noise_stddev=self.sum_noise_stddev())
     # Eager: assigned here.  Traced: the assignment is a stateful op, run after the reads of
@@ -200,15 +191,21 @@ class AdaptiveClipState:
     ``B~ = sum_i (1[norm_i <= C_t] - 1/2) + N(0, sigma_b^2)``; ``b~ = clamp(B~ / n + 1/2, 0,
     1)``; ``C_{t+1} = C_t exp(-eta_C (b~ - gamma))``.  ``normalizer`` is ``n`` (a float32 scalar
     tensor).  Returns ``C_{t+1}``.
+
+    Under R replicas (``tf_dpkit.distribute``) each replica counts its own examples and adds an
+    independent share ``N(0, sigma_b^2 / R)`` (its replica id folded into the seed); the shares
+    are all-reduced, so every replica gets the one noisy count of the global batch, with noise
+    ``N(0, sigma_b^2)``, and assigns the same ``C_{t+1}``.
     """
     clip = tf.cast(self.variable, tf.float32)
     norms = tf.cast(clipped.norms, tf.float32)
     recentred = (tf.reduce_sum(tf.cast(norms <= clip, tf.float32))
                  - 0.5 * tf.cast(tf.size(norms), tf.float32))
-    stddev = self.count_noise_stddev if self.count_noise_stddev else 0
+    stddev = float(self.count_noise_stddev or 0) / math.sqrt(distribute.num_replicas())
     noisy = noise_lib.add_gaussian_noise(
-        [recentred], float(stddev), dp_settings.noise_key, step, dp_settings.next_noise_draw(),
+        [recentred], stddev, dp_settings.noise_key, step, dp_settings.next_noise_draw(),
         distribute.replica_id(), stream=noise_lib.STREAM_UNCLIPPED_COUNT)[0]
+    noisy = distribute.global_sum(noisy)  # the global batch's count, on every replica
     fraction = tf.clip_by_value(noisy / tf.cast(normalizer, tf.float32) + 0.5, 0.0, 1.0)
     new_clip = clip * tf.exp(-self.settings.learning_rate *
                              (fraction - self.settings.target_quantile))
