@@ -8,9 +8,10 @@
 
 Contract (the maths and the privacy argument are in ``analysis.adaptive_clipping``):
 
-* the clip norm ``C_t`` is a non-trainable optimizer variable (``adaptive_l2_norm_clip``),
-  saved and restored with the optimizer state (``.keras`` files, checkpoints,
-  ``BackupAndRestore``) and logged as ``l2_norm_clip`` in ``fit``'s logs;
+* the clip norm ``C_t`` is a non-trainable optimizer variable (``dp_adaptive_l2_norm_clip``,
+  returned by ``optimizer.l2_norm_clip_for_step()``), part of the optimizer state like the
+  privacy ledger, so ``.keras`` files and weight checkpoints save and restore it; it is logged
+  as ``l2_norm_clip`` in ``fit``'s logs;
 * every clipping path (``fit`` of DP models, ``private_gradients``, ``minimize`` /
   ``compute_gradients``) clips at ``C_t`` (``optimizer.l2_norm_clip_for_step()``), and
   ``privatize`` refuses a clipped sum clipped at anything else;
