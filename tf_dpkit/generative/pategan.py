@@ -13,8 +13,11 @@ analysis of :mod:`tf_dpkit.pate` and :mod:`analysis.pate`.  One *iteration*:
    ``TeacherDense`` layers with a teacher axis on the weights), so teacher ``t``'s weights are
    a function of its shard and of public randomness only.
 2. ``student_steps`` student steps.  Each draws ``student_batch_size`` generated examples
-   ``u_j = G(z_j, y~_j)`` (public), asks every teacher for a vote (real if its logit is > 0,
-   fake otherwise), and releases one noisy label per example through a PATE aggregator with
+   ``u_j = G(z_j, y~_j)`` (public), asks every teacher for a vote (``vote="threshold"``, the
+   paper's: real if its logit is > 0, fake otherwise; ``vote="rank"``: real on the fraction
+   ``vote_fraction`` of the batch that this teacher finds most real -- teachers trained to
+   convergence reject every generated example, and threshold votes then carry no signal), and
+   releases one noisy label per example through a PATE aggregator with
    a secret noise key (:class:`tf_dpkit.pate.GNMax`: ``argmax(n_fake + N(0, s^2),
    n_real + N(0, s^2))``; the paper used Laplace noise, LNMax, see below).  Each
    answer is recorded in an :class:`analysis.pate.PateAccountant` (:attr:`PATEGAN.accountant`).
