@@ -139,7 +139,8 @@ def main(argv):
           "iterations", "num_teachers", "teacher_hidden", "teacher_batch_size",
           "teacher_steps", "student_steps", "student_batch_size", "generator_batch_size",
           "teacher_learning_rate", "student_learning_rate", "generator_learning_rate",
-          "vote", "vote_fraction", "tstr_samples", "tstr_epochs", "fd_samples", "feature_epochs", "seed")},
+          "vote", "vote_fraction", "tstr_samples", "tstr_epochs", "fd_samples",
+          "feature_epochs", "seed")},
   }
   with open(os.path.join(FLAGS.output_dir, "results.json"), "w", encoding="utf-8") as handle:
     json.dump(results, handle, indent=2)

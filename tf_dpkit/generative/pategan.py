@@ -44,11 +44,12 @@ from generated examples and released labels only).
 
 Which epsilon is what:
 
-* :meth:`PATEGAN.epsilon` -- the DATA-INDEPENDENT epsilon (:meth:`PateAccountant.data_independent_epsilon`:
-  each GNMax answer is a Gaussian mechanism of L2 sensitivity sqrt(2), RDP ``lambda / s^2``),
-  a function of the number of queries and the noise scale only.  It holds for every data set and may be published.  The ``target_epsilon`` budget stop
-  uses it, so the stopping time is itself data-independent, and it is the epsilon logged
-  while training.
+* :meth:`PATEGAN.epsilon` -- the DATA-INDEPENDENT epsilon
+  (:meth:`PateAccountant.data_independent_epsilon`: each GNMax answer is a Gaussian mechanism
+  of L2 sensitivity sqrt(2), RDP ``lambda / s^2``), a function of the number of queries and
+  the noise scale only.  It holds for every data set and may be published.  The
+  ``target_epsilon`` budget stop uses it, so the stopping time is itself data-independent,
+  and it is the epsilon logged while training.
 * :meth:`PATEGAN.data_dependent_epsilon` -- PATE 2018's data-dependent bound at the actual
   votes (never above the data-independent one).  It is computed from the votes, i.e. from the
   private data: it is itself sensitive and must NOT be published or used to decide when to
@@ -98,6 +99,7 @@ from tf_dpkit.pate.votes import as_votes
 
 PATE_AGGREGATORS = ("gnmax",)
 VOTES = ("threshold", "rank")
+_GENERATOR_TERM = _dpgan._generator_term  # pylint: disable=protected-access
 #: Column of the vote histogram per teacher decision: 0 = "fake", 1 = "real".
 FAKE, REAL = 0, 1
 
@@ -239,8 +241,9 @@ class PATEGAN:
     latent_dim: integer >= 1, the generator's noise size; noise is ``N(0, I)``.
     num_teachers: k, an integer >= 2 (and <= the number of records, checked by :meth:`fit`).
     num_classes: None or K >= 2 (labels one-hot, private).
-    noise_scale: the GNMax noise std in votes, finite and > 0, or None for NO noise (noiseless majority votes: epsilon = inf, a
-      non-private baseline; nothing is recorded in the accountant).
+    noise_scale: the GNMax noise std in votes, finite and > 0, or None for NO noise
+      (noiseless majority votes: epsilon = inf, a non-private baseline; nothing is recorded in
+      the accountant).
     aggregator: ``"gnmax"`` (the only one offered; module docstring).
     teacher_hidden: widths of the teachers' hidden layers (:func:`teacher_ensemble_discriminator`).
     teachers: None (build the MLP ensemble) or a batched Keras model with the interface of
@@ -381,11 +384,12 @@ class PATEGAN:
       raise ValueError(f"teachers must take {wanted} input(s) (image [B, k, ...]"
                        f"{', one_hot_label [B, k, K]' if wanted == 2 else ''}), it has "
                        f"{len(teachers.inputs)}.")
-    if _dpgan._static_shape(teachers.inputs[0]) != (self.num_teachers, *self.image_shape):  # pylint: disable=protected-access
+    shape_of = _dpgan._static_shape  # pylint: disable=protected-access
+    if shape_of(teachers.inputs[0]) != (self.num_teachers, *self.image_shape):
       raise ValueError(f"teachers' image input must have shape [B, {self.num_teachers}, "
                        f"{', '.join(map(str, self.image_shape))}], got "
                        f"{teachers.inputs[0].shape}.")
-    if _dpgan._static_shape(teachers.outputs[0]) != (self.num_teachers,):  # pylint: disable=protected-access
+    if shape_of(teachers.outputs[0]) != (self.num_teachers,):
       raise ValueError(f"teachers must output one logit per teacher, shape [B, "
                        f"{self.num_teachers}], got {teachers.outputs[0].shape}.")
 
@@ -467,7 +471,7 @@ class PATEGAN:
     with tf.GradientTape() as tape:
       x = self.generator(self._inputs(z, y), training=True)
       logits = self.student(self._inputs(x, y), training=False)
-      loss = tf.reduce_mean(_dpgan._generator_term("standard", logits))  # pylint: disable=protected-access
+      loss = tf.reduce_mean(_GENERATOR_TERM("standard", logits))
     variables = self.generator.trainable_variables
     self.generator_optimizer.apply(tape.gradient(loss, variables), variables)
     return {"generator_loss": loss}
