@@ -18,6 +18,7 @@ from tf_dpkit.budget import PrivacyBudget
 from tf_dpkit.clipping.testing import removal_sensitivity
 from tf_dpkit.data import poisson_batches, shuffled_batches
 from tf_dpkit.data.poisson import pipeline_of
+from tf_dpkit.data import poisson_batches_for_memory
 from tf_dpkit.optimizers.accumulation import accumulation_steps_for_memory
 
 RNG = np.random.default_rng(0)
@@ -383,6 +384,11 @@ def test_accumulation_steps_for_memory_against_the_binomial_tail():
   tail = scipy.stats.binom.sf  # P(X > m)
   assert tail(k * p, n, b / n) <= 1e-6 < tail((k - 1) * p, n, b / n)
   assert accumulation_steps_for_memory(100, 100.0, 30) == 4  # q = 1: ceil(N / P)
+  x = np.zeros((n, 1), np.float32)
+  dataset, chunks = poisson_batches_for_memory((x,), expected_batch_size=b, steps=1, seed=0,
+                                               max_physical_batch_size=p)
+  assert chunks == k and pipeline_of(dataset).accumulation_steps == k
+  assert len(list(dataset)) == k
   for args, name in [((0, 1.0, 1), "num_examples"), ((10, 11.0, 1), "expected_batch_size"),
                      ((10, 1.0, 0), "max_physical_batch_size"),
                      ((10, 1.0, 1, 1.0), "overflow_probability"),

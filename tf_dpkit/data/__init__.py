@@ -6,14 +6,16 @@
   independently with probability q -- the sampling the RDP/PLD accountants assume) and
   :func:`shuffled_batches` (shuffle-and-batch, no amplification by sampling), both yielding
   ``(x, y, weight)`` batches; :func:`distributed_poisson_batches` gives each replica of a
-  ``tf.distribute`` strategy its own part of every Poisson batch.  Their seed defaults to a secret one (:func:`secret_seed`): a
+  ``tf.distribute`` strategy its own part of every Poisson batch; with
+  ``gradient_accumulation_steps=k`` (or :func:`poisson_batches_for_memory`) every batch comes
+  as k disjoint chunks for virtual batches.  Their seed defaults to a secret one (:func:`secret_seed`): a
   known sampling seed reveals batch membership and voids amplification by subsampling.
 """
 from __future__ import annotations
 
 from tf_dpkit.data import mnist
 from tf_dpkit.data.poisson import (PoissonSampling, distributed_poisson_batches, poisson_batches,
-                                   secret_seed, shuffled_batches)
+                                   poisson_batches_for_memory, secret_seed, shuffled_batches)
 
 __all__ = ["mnist", "PoissonSampling", "distributed_poisson_batches", "poisson_batches",
-           "secret_seed", "shuffled_batches"]
+           "poisson_batches_for_memory", "secret_seed", "shuffled_batches"]

@@ -43,7 +43,8 @@ k)``; chunks left empty (``|B| < k``) hold one example of weight 0, whose clippe
 exactly 0.  The split is a function of ``B`` alone, so the released sum -- and the privacy
 analysis -- is the same for every split.  A chunk exceeds a memory cap ``P`` only when
 ``|B| > kP``; :func:`accumulation_steps_for_memory` picks the smallest ``k`` for which that
-has probability at most a given bound.
+has probability at most a given bound, and
+``tf_dpkit.data.poisson_batches_for_memory`` builds such a pipeline from ``P``.
 
 Noise keys.  Noise is drawn only at releases, keyed by ``(key, iterations, draw)`` where
 ``iterations`` is the logical step and ``draw`` the optimizer's draw counter, which also
@@ -69,6 +70,7 @@ import math
 import tensorflow as tf
 
 from analysis import _checks
+from tf_dpkit.data.poisson import accumulation_steps_for_memory  # noqa: F401 (re-exported)
 
 
 def check_accumulation_steps(value) -> int:
@@ -80,53 +82,6 @@ def check_accumulation_steps(value) -> int:
   if value is None:
     return 1
   return _checks.check_integer("gradient_accumulation_steps", value, minimum=1)
-
-
-def accumulation_steps_for_memory(num_examples: int, expected_batch_size: float,
-                                  max_physical_batch_size: int,
-                                  overflow_probability: float = 1e-6) -> int:
-  """The smallest k such that a Poisson batch split into k chunks overflows ``P`` rarely.
-
-  With ``|B| ~ Binomial(N, q)``, ``q = expected_batch_size / N``, the chunks of
-  ``poisson_batches(..., gradient_accumulation_steps=k)`` have at most ``ceil(|B| / k)``
-  examples, which exceeds ``P = max_physical_batch_size`` iff ``|B| > kP``.  Returns the
-  smallest integer ``k >= 1`` with ``P(|B| > kP) <= overflow_probability`` (exact binomial
-  tail, computed in log space).  The bound concerns memory only: privacy holds for any k.
-
-  Args:
-    num_examples: N, an integer >= 1.
-    expected_batch_size: qN in (0, N].
-    max_physical_batch_size: P, an integer >= 1 (examples per physical chunk).
-    overflow_probability: in (0, 1).
-  """
-  n = _checks.check_integer("num_examples", num_examples, minimum=1)
-  b = _checks.check_finite_positive("expected_batch_size", expected_batch_size)
-  if b > n:
-    raise ValueError(f"expected_batch_size must be in (0, num_examples] = (0, {n}], got {b}.")
-  p = _checks.check_integer("max_physical_batch_size", max_physical_batch_size, minimum=1)
-  bound = _checks.check_probability("overflow_probability", overflow_probability,
-                                    allow_zero=False)
-  if bound >= 1:
-    raise ValueError(f"overflow_probability must be in (0, 1), got {overflow_probability!r}.")
-  q = b / n
-  if q >= 1.0:
-    return -(-n // p)
-
-  def log_pmf(j):
-    return (math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1)
-            + j * math.log(q) + (n - j) * math.log1p(-q))
-
-  def tail_above(m):  # P(|B| > m)
-    if m >= n:
-      return 0.0
-    logs = [log_pmf(j) for j in range(m + 1, n + 1)]
-    top = max(logs)
-    return math.exp(top) * math.fsum(math.exp(v - top) for v in logs)
-
-  k = max(1, math.floor(b / p))
-  while tail_above(k * p) > bound:
-    k += 1
-  return k
 
 
 class GradientAccumulation:
