@@ -334,12 +334,13 @@ class PATEGAN:
     except ValueError as error:
       raise ValueError(f"{error} (PATE-GAN: 'discriminator' here is the student.)") from None
     self.image_shape = view.image_shape
+    custom_teachers = teachers is not None
     if teachers is None:
       teachers = teacher_ensemble_discriminator(self.num_teachers, self.num_classes,
                                                 self.image_shape, teacher_hidden)
     else:
       self._check_teachers(teachers)
-    self.teacher_hidden = tuple(teacher_hidden)
+    self.teacher_hidden = None if custom_teachers else tuple(teacher_hidden)
     self.teachers = teachers
     self.teacher_learning_rate = lrs["teacher_learning_rate"]
     self.student_learning_rate = lrs["student_learning_rate"]
@@ -646,7 +647,8 @@ class PATEGAN:
     return {
         "latent_dim": self.latent_dim, "num_teachers": self.num_teachers,
         "num_classes": self.num_classes, "noise_scale": self.noise_scale,
-        "aggregator": self.aggregator, "teacher_hidden": list(self.teacher_hidden),
+        "aggregator": self.aggregator,
+        "teacher_hidden": None if self.teacher_hidden is None else list(self.teacher_hidden),
         "teacher_batch_size": self.teacher_batch_size, "teacher_steps": self.teacher_steps,
         "student_steps": self.student_steps, "student_batch_size": self.student_batch_size,
         "generator_batch_size": self.generator_batch_size,
