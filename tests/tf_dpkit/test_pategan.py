@@ -154,8 +154,12 @@ def test_accountant_counts_every_labelled_student_example(fitted):
       lambda e: stats.norm.cdf(-e / mu + mu / 2) - math.exp(e) * stats.norm.cdf(-e / mu - mu / 2)
       - 1e-5, 0.0, 100.0, xtol=1e-12)
   assert gan.epsilon() == pytest.approx(exact, rel=1e-6)
-  # The data-dependent (private) bound is never above it.
+  # The data-dependent (private) bound is never above it; nor is its smooth-sensitivity release
+  # (capped by the data-independent epsilon), which is the accountant's own.
   assert gan.data_dependent_epsilon() <= gan.epsilon() + 1e-12
+  release = gan.sanitized_epsilon(beta=0.01, sigma_ss=10.0, order=20.0, rng=0)
+  assert release == gan.accountant.smooth_sensitivity_epsilon(1e-5, 0.01, 10.0, 20.0, rng=0)
+  assert 0.0 <= release.epsilon <= gan.epsilon() + 1e-12
 
 
 def test_noise_scale_for_budget_and_affordable_queries():
