@@ -6,6 +6,11 @@
 Batches are Poisson-sampled by default, so the epsilon printed after each epoch (from the
 ``PrivacyBudget`` callback) is the one the accountant's assumption really supports.
 
+``--adaptive_clipping`` lets the clip norm follow the ``--target_quantile`` of the per-example
+gradient norms, starting from ``--l2_norm_clip`` (``tf_dpkit.AdaptiveClipping``); the noise
+multiplier is split between the clipped sum and the noisy count of unclipped examples, so the
+epsilon is the same as with a fixed clip.  The clip norm is printed after each epoch.
+
 ``--gradient_accumulation_steps=k`` trains virtual batches: ``--batch_size`` is the logical
 batch, fed as k physical chunks and noised once (``tf_dpkit.optimizers.accumulation``); the
 epsilon is the same as without k.
@@ -31,6 +36,16 @@ common.define_flags()
 flags.DEFINE_enum("per_example_method", "auto", ["auto", "fast", "vectorized"],
                   "How DPSequential gets per-example gradients (for speed comparisons only; "
                   "the result is the same).")
+flags.DEFINE_bool("adaptive_clipping", False,
+                  "Adaptive clipping: the clip norm starts at --l2_norm_clip and tracks the "
+                  "--target_quantile of per-example gradient norms (same epsilon).")
+flags.DEFINE_float("target_quantile", 0.5, "Adaptive clipping: fraction of examples left "
+                   "unclipped, in (0, 1).")
+flags.DEFINE_float("clip_learning_rate", 0.2, "Adaptive clipping: the clip norm changes by a "
+                   "factor of at most exp(this) per step.")
+flags.DEFINE_float("count_noise_stddev", None, "Adaptive clipping: std of the noise on the "
+                   "count of unclipped examples (default: (expected) batch size, or "
+                   "microbatches, / 20).")
 flags.DEFINE_integer("gradient_accumulation_steps", 1,
                      "k >= 1: split each (logical) batch of --batch_size into k physical chunks, "
                      "accumulate their clipped sums and add noise once per logical batch.",
@@ -47,8 +62,21 @@ class EpochReport(keras.callbacks.Callback):
   def on_epoch_end(self, epoch, logs=None):
     eps = logs.get("epsilon")
     eps_text = f" epsilon={eps:.4f}" if eps is not None else ""
+    clip = logs.get("l2_norm_clip")
+    eps_text += f" l2_norm_clip={clip:.4f}" if clip is not None else ""
     print(f"epoch {epoch + 1}: loss={logs['loss']:.4f} test_accuracy={logs['val_accuracy']:.4f}"
           f"{eps_text} elapsed={time.time() - self.start:.1f}s", flush=True)
+
+
+def _adaptive_clipping():
+  """The --adaptive_clipping settings, or None."""
+  if not FLAGS.adaptive_clipping:
+    return None
+  count_noise = FLAGS.count_noise_stddev
+  if count_noise is None:  # the paper's (expected) examples, or microbatches, per step / 20
+    count_noise = (FLAGS.microbatches or FLAGS.batch_size) / 20
+  return tf_dpkit.AdaptiveClipping(FLAGS.target_quantile, FLAGS.clip_learning_rate,
+                                   count_noise)
 
 
 def main(argv):
@@ -65,6 +93,7 @@ def main(argv):
     optimizer = tf_dpkit.DPGradientDescentGaussianOptimizer(
         l2_norm_clip=FLAGS.l2_norm_clip, noise_multiplier=sigma,
         num_microbatches=FLAGS.microbatches, learning_rate=FLAGS.learning_rate,
+        adaptive_clipping=_adaptive_clipping(),
         expected_batch_size=FLAGS.batch_size if poisson else None,
         gradient_accumulation_steps=FLAGS.gradient_accumulation_steps)
     budget = PrivacyBudget(FLAGS.batch_size / n, FLAGS.delta, FLAGS.target_epsilon,
