@@ -536,14 +536,15 @@ def test_compute_noise_is_analysis_calibration_and_meets_the_budget(capsys):
 # tf.keras.Sequential; tutorials/mnist_dpsgd_tutorial_keras_model.py: DPSequential with a plain
 # optimizer), their code kept as it is except the imports, on a slice of MNIST.
 
-def _tutorial_mnist(examples):
+def _tutorial_mnist(examples=None, split="train"):
   from tf_dpkit.data import mnist  # pylint: disable=g-import-not-at-top
-  (train_data, train_labels), _ = mnist.load()
-  train_data = np.array(train_data[:examples], dtype=np.float32) / 255
-  train_data = train_data.reshape(train_data.shape[0], 28, 28, 1)
-  train_labels = np.array(train_labels[:examples], dtype=np.int32)
-  train_labels = tf.keras.utils.to_categorical(train_labels, num_classes=10)
-  return train_data, train_labels
+  train, test = mnist.load()
+  data, labels = train if split == "train" else test
+  data = np.array(data[:examples], dtype=np.float32) / 255
+  data = data.reshape(data.shape[0], 28, 28, 1)
+  labels = np.array(labels[:examples], dtype=np.int32)
+  labels = tf.keras.utils.to_categorical(labels, num_classes=10)
+  return data, labels
 
 
 def _tutorial_layers():
@@ -620,13 +621,14 @@ def _keras_model_tutorial(train_data, train_labels, epochs):
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Do not pass an `input_shape`")
 def test_tf_privacy_keras_tutorials_learn():
-  train_data, train_labels = _tutorial_mnist(12000)
-  x, y = train_data[:10000], train_labels[:10000]
-  x_test, y_test = train_data[10000:], train_labels[10000:]
+  # Full MNIST, 3 of the tutorials' epochs (720 noisy steps of batch 250), test set accuracy.
+  x, y = _tutorial_mnist()
+  x_test, y_test = _tutorial_mnist(split="test")
   model, _ = _classification_tutorial(x, y, 3, one_line_change=True)
   _, accuracy = model.evaluate(x_test, y_test, verbose=0)
   model = _keras_model_tutorial(x, y, 3)
   _, accuracy_model = model.evaluate(x_test, y_test, verbose=0)
   assert (model.optimizer.l2_norm_clip, model.optimizer.noise_multiplier) == (1.0, 1.1)
-  # 120 noisy steps (batch 250) of the tutorials' CNN: far above chance (10%).
-  assert accuracy > 0.75 and accuracy_model > 0.75, (accuracy, accuracy_model)
+  print(f"test accuracy after 3 epochs: {accuracy:.4f} (DPKerasSGDOptimizer), "
+        f"{accuracy_model:.4f} (DPSequential)")
+  assert accuracy > 0.85 and accuracy_model > 0.85, (accuracy, accuracy_model)
