@@ -44,8 +44,12 @@ def resolve_method(model, method):
 
 
 def clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_norm_clip,
-                          num_microbatches=None, method="auto"):
-  """``(ClippedSum, y_pred)`` for a Keras model; see the module docstring for ``method``."""
+                          num_microbatches=None, method="auto", loss_scale=None):
+  """``(ClippedSum, y_pred)`` for a Keras model; see the module docstring for ``method``.
+
+  ``loss_scale``: optional static loss scale ``S > 0`` (mixed_float16, see
+  ``DPOptimizerBase.static_loss_scale``): gradients of ``S * loss``, unscaled before clipping.
+  """
   check_examples_independent(model)
   if isinstance(l2_norm_clip, groups.LayerClipNorms):  # per-layer: bound to this model
     l2_norm_clip = l2_norm_clip.resolve(model)
@@ -54,7 +58,7 @@ def clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_no
   sample_weight = per_example_weights(sample_weight, batch)
   if resolve_method(model, method) == "fast":
     return clipped_sum_fast(model, per_example_loss_fn, (x, y, sample_weight), l2_norm_clip,
-                            num_microbatches)
+                            num_microbatches, loss_scale=loss_scale)
 
   def microbatch_loss(inputs):
     x_mb, y_mb, w_mb = inputs
@@ -64,7 +68,7 @@ def clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_no
 
   return clipped_sum_vectorized(microbatch_loss, (x, y, sample_weight),
                                 model.trainable_variables, l2_norm_clip, num_microbatches,
-                                vectorize=pfor_is_safe([model]))
+                                vectorize=pfor_is_safe([model]), loss_scale=loss_scale)
 
 
 def private_gradients(optimizer, model, per_example_loss_fn, x, y, sample_weight=None,
@@ -82,5 +86,5 @@ def private_gradients(optimizer, model, per_example_loss_fn, x, y, sample_weight
   clipped, _ = clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight,
                                      optimizer.l2_norm_clip_for_step(),
                                      optimizer.replica_num_microbatches(),
-                                     method)
+                                     method, loss_scale=optimizer.static_loss_scale(model))
   return optimizer.privatize(clipped)

@@ -22,6 +22,16 @@ outputs.  ``activity_regularizer`` and ``add_loss`` (batch-level, data-dependent
 cannot be clipped per example) are refused.  When the model's output carries a Keras mask
 (e.g. after ``Embedding(mask_zero=True)`` in a sequence model), each example's loss is the
 mean over its unmasked positions.
+
+Mixed precision: under ``mixed_bfloat16`` and ``mixed_float16`` per-example norms, clip factors
+and clipped sums are formed in float32.  Under ``mixed_float16`` the DP model does NOT let Keras
+wrap the optimizer in a ``LossScaleOptimizer`` (``compile`` passes ``auto_scale_loss=False``;
+passing ``auto_scale_loss=True`` or a ``LossScaleOptimizer`` is refused): dynamic loss scaling
+skips steps and changes its scale depending on the private batch, a release the accountant does
+not cover.  Instead the gradients are computed at the optimizer's static loss scale
+(``optimizer.static_loss_scale(model)``: its ``loss_scale_factor``, default 2**10 under
+float16) and divided by it before clipping; a microbatch whose gradient overflows contributes
+zero, so every step is taken and the sensitivity stays ``C``.
 """
 from __future__ import annotations
 
@@ -127,29 +137,44 @@ class _DPTrainStep:
   """Mixin holding the private ``compile`` and ``train_step``."""
 
   def compile(self, optimizer="rmsprop", loss=None, loss_weights=None, **kwargs):  # pylint: disable=missing-function-docstring
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+      raise TypeError(
+          f"{type(self).__name__}.compile got a LossScaleOptimizer: its dynamic loss scaling "
+          "skips steps and changes its scale depending on the private batch (not covered by "
+          "the privacy accounting). Pass the tf_dpkit DP optimizer itself; under "
+          "mixed_float16 it uses a static loss scale (its loss_scale_factor, default 2**10).")
     if not is_dp_optimizer(optimizer):
       raise TypeError(
           f"{type(self).__name__} trains with DP-SGD and needs a tf_dpkit DP optimizer (e.g. "
           "tf_dpkit.DPGradientDescentGaussianOptimizer(l2_norm_clip=..., noise_multiplier=..., "
           f"learning_rate=...)), got {optimizer!r}.")
+    if kwargs.pop("auto_scale_loss", None) and self.dtype_policy.name == "mixed_float16":
+      raise ValueError(
+          "auto_scale_loss=True wraps the optimizer in Keras's dynamic LossScaleOptimizer, whose "
+          "skipped steps and scale changes depend on the private batch (not covered by the "
+          "privacy accounting). DP models use a static loss scale under mixed_float16: leave "
+          "auto_scale_loss unset (or False) and, to choose the scale, pass "
+          "loss_scale_factor=... (a finite number > 0; default 2**10) to the DP optimizer.")
     self._dp_per_example_loss = _per_example_loss_fn(self, loss, loss_weights)
     # Re-compiling (e.g. to change the noise) keeps the privacy ledger: the earlier steps still
     # count, whatever optimizer takes the next ones (tf_dpkit.budget).
     previous = getattr(self, "optimizer", None)
     ledger = getattr(previous, "privacy_ledger", None)
     ledger = ledger.numpy() if ledger is not None and previous is not optimizer else None
-    super().compile(optimizer=optimizer, loss=loss, loss_weights=loss_weights, **kwargs)
+    # No dynamic loss scaling (see the module docstring): the static scale is used instead.
+    super().compile(optimizer=optimizer, loss=loss, loss_weights=loss_weights,
+                    auto_scale_loss=False, **kwargs)
     target = getattr(self.optimizer, "privacy_ledger", None)
     if ledger is not None and ledger.any() and target is not None:
       if target.numpy().any():
         raise ValueError("The new optimizer already holds a privacy ledger, and so did the "
                          "previous one; compile with a fresh DP optimizer to continue the run.")
       target.assign(ledger)
-    if not is_dp_optimizer(self.optimizer):
+    if not is_dp_optimizer(self.optimizer):  # a Keras upgrade that wraps it anyway
       raise ValueError(
-          f"Keras wrapped the DP optimizer in {type(self.optimizer).__name__} (the "
-          f"'{self.dtype_policy.name}' dtype policy does this); dynamic loss scaling is not "
-          "supported by DP models. Use the 'float32' or 'mixed_bfloat16' policy.")
+          f"Keras wrapped the DP optimizer in {type(self.optimizer).__name__}; DP models "
+          "need the DP optimizer itself (dynamic loss scaling is not private: under "
+          "mixed_float16 they use the optimizer's static loss_scale_factor).")
 
   def compile_from_config(self, config):
     """Re-compiles a loaded ``.keras`` model with its saved DP optimizer and loss."""
@@ -214,7 +239,8 @@ class _DPTrainStep:
     self._check_no_activity_regularizers()
     clipped, y_pred = clipped_sum_for_model(
         self, self._dp_per_example_loss, x, y, sample_weight, optimizer.l2_norm_clip_for_step(),
-        optimizer.replica_num_microbatches(), self.per_example_method)
+        optimizer.replica_num_microbatches(), self.per_example_method,
+        loss_scale=optimizer.static_loss_scale(self))
     self._check_no_added_losses()
     mean_loss = tf.reduce_mean(clipped.losses)
     with tf.GradientTape() as tape:

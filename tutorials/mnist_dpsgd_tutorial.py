@@ -14,6 +14,10 @@ epsilon is the same as with a fixed clip.  The clip norm is printed after each e
 ``--gradient_accumulation_steps=k`` trains virtual batches: ``--batch_size`` is the logical
 batch, fed as k physical chunks and noised once (``tf_dpkit.optimizers.accumulation``); the
 epsilon is the same as without k.
+
+``--dtype_policy=mixed_float16`` (or ``mixed_bfloat16``) trains under that Keras mixed-precision
+policy, with float32 logits; per-example norms and clipping stay in float32, and float16 uses
+the DP optimizer's static loss scale (``tf_dpkit.models``), never Keras's dynamic one.
 """
 from __future__ import annotations
 
@@ -50,6 +54,9 @@ flags.DEFINE_integer("gradient_accumulation_steps", 1,
                      "k >= 1: split each (logical) batch of --batch_size into k physical chunks, "
                      "accumulate their clipped sums and add noise once per logical batch.",
                      lower_bound=1)
+flags.DEFINE_enum("dtype_policy", "float32", ["float32", "mixed_float16", "mixed_bfloat16"],
+                  "Keras dtype policy of the model (mixed precision: float32 variables, "
+                  "half-precision compute, float32 logits).")
 
 
 class EpochReport(keras.callbacks.Callback):
@@ -68,6 +75,14 @@ class EpochReport(keras.callbacks.Callback):
           f"{eps_text} elapsed={time.time() - self.start:.1f}s", flush=True)
 
 
+def _cnn_layers():
+  """The tutorial CNN; under a mixed-precision policy its logits are cast to float32."""
+  layers = common.cnn_layers(keras)
+  if FLAGS.dtype_policy != "float32":
+    layers.append(keras.layers.Activation("linear", dtype="float32"))
+  return layers
+
+
 def _adaptive_clipping():
   """The --adaptive_clipping settings, or None."""
   if not FLAGS.adaptive_clipping:
@@ -81,13 +96,14 @@ def _adaptive_clipping():
 
 def main(argv):
   del argv
+  keras.mixed_precision.set_global_policy(FLAGS.dtype_policy)
   (x_train, y_train), (x_test, y_test), n, steps = common.setup()
   loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
   callbacks = [EpochReport()]
   budget = None
   if FLAGS.dpsgd:
     sigma = common.noise_multiplier(n)
-    model = tf_dpkit.DPSequential(common.cnn_layers(keras))
+    model = tf_dpkit.DPSequential(_cnn_layers())
     model.per_example_method = FLAGS.per_example_method
     poisson = FLAGS.sampling == "poisson"
     optimizer = tf_dpkit.DPGradientDescentGaussianOptimizer(
@@ -101,7 +117,7 @@ def main(argv):
                            batch_size=FLAGS.batch_size)
     callbacks.insert(0, budget)
   else:
-    model = keras.Sequential(common.cnn_layers(keras))
+    model = keras.Sequential(_cnn_layers())
     optimizer = keras.optimizers.SGD(  # Keras's own accumulation: no noise to keep apart
         FLAGS.learning_rate,
         gradient_accumulation_steps=FLAGS.gradient_accumulation_steps

@@ -279,13 +279,14 @@ def test_mixed_bfloat16_trains_and_stays_bounded(method):
     keras.mixed_precision.set_global_policy("float32")
 
 
-def test_mixed_float16_refusal_recommends_a_policy_that_works():
+def test_mixed_float16_refuses_a_dynamic_loss_scale_optimizer_and_names_the_static_one():
   keras.mixed_precision.set_global_policy("mixed_float16")
   try:
     model = tf_dpkit.DPSequential([keras.Input((3,)), keras.layers.Dense(2)])
-    with pytest.raises(ValueError, match="mixed_bfloat16"):
-      model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(C, 1.0, learning_rate=0.1),
-                    loss="mse")
+    dynamic = keras.optimizers.LossScaleOptimizer(
+        tf_dpkit.DPGradientDescentGaussianOptimizer(C, 1.0, learning_rate=0.1))
+    with pytest.raises(TypeError, match="LossScaleOptimizer.*loss_scale_factor"):
+      model.compile(dynamic, loss="mse")
   finally:
     keras.mixed_precision.set_global_policy("float32")
 

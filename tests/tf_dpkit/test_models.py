@@ -328,14 +328,19 @@ def test_masked_sequence_loss_is_the_mean_over_unmasked_positions(method):
   np.testing.assert_allclose(clipped.losses.numpy(), expected, rtol=1e-5)
 
 
-def test_mixed_float16_loss_scaling_is_refused_with_the_fix():
+def test_mixed_float16_compiles_with_a_static_loss_scale_not_a_dynamic_one():
   policy = keras.config.dtype_policy()
   keras.config.set_dtype_policy("mixed_float16")
   try:
     model = tf_dpkit.DPSequential(_layers())
-    with pytest.raises(ValueError, match="LossScaleOptimizer.*mixed_bfloat16"):
-      model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 0.0, learning_rate=0.1),
-                    loss=LOSS)
+    optimizer = tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 0.0, learning_rate=0.1)
+    model.compile(optimizer, loss=LOSS)
+    # Keras would wrap it in a dynamic LossScaleOptimizer (batch-dependent skipped steps).
+    assert model.optimizer is optimizer
+    assert not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert optimizer.static_loss_scale(model) == 2.0 ** 10
+    with pytest.raises(ValueError, match="auto_scale_loss=True.*static loss scale"):
+      model.compile(optimizer, loss=LOSS, auto_scale_loss=True)
   finally:
     keras.config.set_dtype_policy(policy)
 

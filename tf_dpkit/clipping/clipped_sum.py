@@ -87,17 +87,71 @@ def clip_factors(norms: tf.Tensor, l2_norm_clip) -> tf.Tensor:
                     tf.cast(tf.equal(norms, 0), norms.dtype))
 
 
-def clip_and_sum(per_microbatch_grads, l2_norm_clip):
+def at_least_float32(tensor):
+  """``tensor`` cast to float32 if it is float16 or bfloat16 (other dtypes unchanged): the one
+  rule for the precision per-example norms, clip factors and clipped sums are formed in."""
+  if tensor.dtype in (tf.float16, tf.bfloat16):
+    return tf.cast(tensor, tf.float32)
+  return tensor
+
+
+def finite_rows(tensors, num_rows) -> tf.Tensor:
+  """[M] bool: row ``j`` of every tensor in ``tensors`` (each ``[M*k, ...]``, rows grouped
+  ``k`` at a time into ``M`` groups) is finite (no inf or NaN)."""
+  ok = [tf.reduce_all(tf.reshape(tf.math.is_finite(t), [num_rows, -1]), axis=1)
+        for t in tensors if t is not None]
+  return tf.reduce_all(tf.stack(ok), axis=0) if ok else tf.ones([num_rows], tf.bool)
+
+
+def zero_rows(tensor, keep):
+  """``tensor`` [M*k, ...] with the rows of the groups where ``keep`` [M] is False set to 0
+  (``tf.where``, so a NaN or inf there does not reach the result)."""
+  if tensor is None:
+    return None
+  rows = tf.shape(tensor)[0]
+  keep = tf.repeat(keep, rows // tf.shape(keep)[0])
+  keep = tf.reshape(keep, tf.concat([[rows], tf.ones([tf.rank(tensor) - 1], tf.int32)], 0))
+  return tf.where(keep, tensor, tf.zeros_like(tensor))
+
+
+def unscaled_finite_float32(per_microbatch_grads, loss_scale=None):
+  """Per-microbatch gradients ready to clip: float32, loss scale removed, non-finite zeroed.
+
+  Each ``[M, ...]`` half-precision tensor is cast to float32 (float16/bfloat16 gradients of mixed-precision
+  models are squared and summed in float32), divided by ``loss_scale`` ``S`` when given (the
+  gradients were computed for ``S * loss``; clipping acts on the unscaled gradient), and a
+  microbatch whose gradient has any inf or NaN entry (float16 overflow) is replaced by zero in
+  every variable.  A zeroed microbatch contributes a vector of norm ``0 <= C`` to the clipped
+  sum, so the sensitivity bound holds and no step is skipped: which microbatches are zeroed is
+  a function of each microbatch alone, never a batch-level decision (unlike Keras's dynamic
+  loss scaling, whose skipped steps and scale changes depend on the whole private batch).
+  """
+  grads = [None if g is None else at_least_float32(g) for g in per_microbatch_grads]
+  if loss_scale is not None:
+    grads = [None if g is None else g / tf.constant(loss_scale, g.dtype) for g in grads]
+  present = [g for g in grads if g is not None]
+  if not present:
+    return grads
+  keep = finite_rows(present, tf.shape(present[0])[0])
+  return [zero_rows(g, keep) for g in grads]
+
+
+def clip_and_sum(per_microbatch_grads, l2_norm_clip, loss_scale=None):
   """Clips each microbatch gradient to L2 norm ``l2_norm_clip`` and sums over microbatches.
 
   Args:
     per_microbatch_grads: list with one tensor ``[M, *variable.shape]`` per variable
       (``None`` for a variable the loss does not reach: it stays ``None``).
     l2_norm_clip: clip norm ``C > 0`` (gradient units).
+    loss_scale: optional static loss scale ``S > 0`` the gradients were computed at (see
+      :func:`unscaled_finite_float32`, applied first: float32, divided by ``S``, microbatches
+      with a non-finite entry zeroed).
 
   Returns:
-    ``(summed_grads, norms)``: the list of ``sum_j g_j min(1, C/||g_j||)`` and the [M] norms.
+    ``(summed_grads, norms)``: the list of ``sum_j g_j min(1, C/||g_j||)`` (half precision
+    promoted to float32) and the [M] norms.
   """
+  per_microbatch_grads = unscaled_finite_float32(per_microbatch_grads, loss_scale)
   if hasattr(l2_norm_clip, "clip_and_sum"):  # per-layer clip norms (tf_dpkit.clipping.groups)
     return l2_norm_clip.clip_and_sum(per_microbatch_grads)
   norms = global_norms(per_microbatch_grads)

@@ -23,7 +23,13 @@ Contract (what makes the bound ``||S(D) - S(D - x)|| <= C`` hold):
   per-example gradient is a sum over uses whose norm per-use rules cannot give).
 
 Under a mixed-precision policy rules run in the variables' dtype (float32) and cast their
-outputs to the compute dtype, so norms and clipped sums are formed at full precision.
+outputs to the compute dtype, so norms and clipped sums are formed at full precision; a
+non-finite entry of a rule's (half-precision) input is read as 0 by the rule, so that one
+example's float16 overflow cannot turn the batch's norms or sums into NaN.  With a static loss
+scale ``S`` (mixed_float16) the backward pass is of ``S * loss``; the output gradients ``g`` are
+checked per microbatch (a microbatch with any non-finite ``g`` entry is zeroed: it contributes
+0, whose norm is within ``C``, and no step is skipped), the squared norms are divided by ``S^2``
+and the sums by ``S``, so clip factors are those of the unscaled gradients.
 Subclassed models are not handled here: :func:`fast_path_available` says so and ``DPModel``
 uses the whole-model vectorized path.
 """
@@ -33,7 +39,8 @@ import keras
 import tensorflow as tf
 
 from tf_dpkit.clipping import _keras_internals as internals
-from tf_dpkit.clipping.clipped_sum import clip_factors, issue_clipped_sum
+from tf_dpkit.clipping.clipped_sum import (at_least_float32, clip_factors, finite_rows,
+                                           issue_clipped_sum, zero_rows)
 from tf_dpkit.clipping.examples import (isolated_per_example_losses, map_examples,
                                         per_example_weights, pfor_is_safe)
 from tf_dpkit.clipping.per_example import assert_nonempty
@@ -103,13 +110,20 @@ def check_examples_independent(model):
 
 def _run_rule(rule, layer, inputs):
   """``rule(layer, inputs)`` in the variables' dtype; outputs in the layer's compute dtype."""
-  if layer.compute_dtype == layer.variable_dtype:
-    return rule(layer, inputs)
-  mask = internals.keras_mask(inputs)
-  if inputs.dtype.is_floating:
+  mixed = layer.compute_dtype != layer.variable_dtype
+  if inputs.dtype.is_floating and (mixed or inputs.dtype != layer.compute_dtype):
+    # Cast as Keras's Layer.__call__ would (e.g. a float32 output layer after float16 layers).
+    mask = internals.keras_mask(inputs)
+    half = inputs.dtype in (tf.float16, tf.bfloat16)
     inputs = tf.cast(inputs, layer.variable_dtype)
+    if half:
+      # A half-precision overflow (inf) or NaN in one example's activations would make the
+      # norms and clipped sums of the whole batch NaN (0 * inf): the rule reads it as 0.
+      inputs = tf.where(tf.math.is_finite(inputs), inputs, tf.zeros_like(inputs))
     if mask is not None:
       internals.set_keras_mask(inputs, mask)
+  if not mixed:
+    return rule(layer, inputs)
   with internals.no_autocast():
     trace = rule(layer, inputs)
   if trace is None:
@@ -159,7 +173,10 @@ def _replayed_trace(layer, call, call_args, call_kwargs, outputs, batch):
     out = [t for t in tf.nest.flatten(out) if isinstance(t, tf.Tensor) and t.dtype.is_floating]
     grads = tape.gradient(out, variables, output_gradients=[g[None] for g in one_g],
                           unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    return [tf.cast(grad, tf.float32) for grad in grads]
+    grads = [tf.cast(grad, tf.float32) for grad in grads]
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(grad)) for grad in grads])
+    # This example's gradient overflowed (mixed_float16): it contributes 0.
+    return [tf.where(finite, grad, tf.zeros_like(grad)) for grad in grads]
 
   def squared_norms(g, num_groups):
     with tf.control_dependencies(checks):
@@ -238,7 +255,8 @@ def _call_with_rules(layer, subs, default_call, args, kwargs, records, batch):
   return outputs
 
 
-def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_microbatches=None):
+def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_microbatches=None,
+                     loss_scale=None):
   """Clipped sum of per-microbatch gradients of a functional/Sequential Keras model.
 
   Args:
@@ -251,6 +269,9 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
       (``tf_dpkit.clipping.groups.ResolvedGroups``: each record's layer is clipped with its
       group's norm).
     num_microbatches: None (per example) or M dividing B.
+    loss_scale: optional static loss scale ``S > 0`` (mixed_float16): the backward pass is of
+      ``S * loss``; norms and sums are of the unscaled gradients, and a microbatch whose
+      gradients are non-finite contributes zero (see the module docstring).
 
   Returns:
     ``(ClippedSum, y_pred)``; the sums are aligned with ``model.trainable_variables``.
@@ -321,6 +342,8 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
     per_example = isolated_per_example_losses(per_example_loss_fn, y, y_pred, batch)
     per_example *= tf.cast(sample_weight, per_example.dtype)
     total = tf.reduce_sum(per_example) / tf.cast(per_group, per_example.dtype)
+    scale = 1.0 if loss_scale is None else float(loss_scale)
+    scaled_total = total * scale if loss_scale is not None else total
   _check_records_own_distinct_variables(records)
   created = [v.path for v in model.trainable_variables if id(v) not in variables_before]
   if created:
@@ -329,10 +352,17 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
         "built on its first call), so their per-example gradients were not clipped. Call the "
         "model once on a batch before training (DPModel.fit does this) so that every weight "
         "exists.")
-  output_grads = tape.gradient(total, [trace.watched for _, trace in records],
+  output_grads = tape.gradient(scaled_total, [trace.watched for _, trace in records],
                                unconnected_gradients=tf.UnconnectedGradients.ZERO)
-  squared_by_record = [tf.cast(trace.squared_norms(g, groups), tf.float32)
+  # How per-microbatch norms are formed, in one place: a microbatch with a non-finite output
+  # gradient (float16 overflow of the scaled backward pass) is zeroed before any norm, squares
+  # are summed in float32 and divided by S^2 (norms of the unscaled gradients).
+  finite = finite_rows(tf.nest.flatten(output_grads), groups)
+  output_grads = tf.nest.map_structure(lambda g: zero_rows(g, finite), output_grads)
+  squared_by_record = [tf.cast(trace.squared_norms(g, groups), tf.float32) / (scale * scale)
                        for (_, trace), g in zip(records, output_grads)]
+  finite = tf.logical_and(finite, tf.math.is_finite(tf.add_n(squared_by_record)))
+  squared_by_record = [tf.where(finite, sq, tf.zeros_like(sq)) for sq in squared_by_record]
   norms = tf.sqrt(tf.maximum(tf.add_n(squared_by_record), 0.0))
   if hasattr(l2_norm_clip, "group_of"):  # per-layer clip norms (tf_dpkit.clipping.groups)
     record_group = [l2_norm_clip.group_of(layer.trainable_variables) for layer, _ in records]
@@ -343,6 +373,8 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
     record_factors = [group_factors[k] for k in record_group]
   else:
     record_factors = [clip_factors(norms, l2_norm_clip)] * len(records)
+  # A microbatch whose norm is not finite (float32 overflow of its squares) is left out: factor 0.
+  record_factors = [tf.where(finite, f, tf.zeros_like(f)) for f in record_factors]
 
   variables = model.trainable_variables
   index = {id(v): i for i, v in enumerate(variables)}
@@ -357,7 +389,7 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
       layer_sums = tape.gradient(trace.watched, layer_vars, output_gradients=weighted,
                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
     for v, grad in zip(layer_vars, layer_sums):
-      grad = tf.cast(tf.convert_to_tensor(grad), v.dtype)
+      grad = tf.cast(at_least_float32(tf.convert_to_tensor(grad)) / scale, v.dtype)
       i = index[id(v)]
       sums[i] = grad if sums[i] is None else sums[i] + grad
   del tape

@@ -102,8 +102,10 @@ def clipped_sum_from_vector_loss(vector_loss, var_list, l2_norm_clip, num_microb
     l2_norm_clip: clip norm C > 0.
     num_microbatches: ``None`` (per example) or an int dividing B.
     tape: the ``tf.GradientTape`` that recorded ``vector_loss``; required in eager mode.
-    loss_scale: optional float; the gradients are computed for ``loss * loss_scale`` (for
-      numerics) and divided by it *before* clipping, so the scale never changes clipping.
+    loss_scale: optional static loss scale ``S > 0``; the gradients are computed for
+      ``loss * S`` (float16 numerics) and divided by it *before* clipping, so the scale never
+      changes clipping; a microbatch whose gradient is non-finite contributes zero
+      (``clipped_sum.unscaled_finite_float32``).
   """
   if tape is not None:
     with tape:  # the microbatch reduction must be recorded too
@@ -122,9 +124,8 @@ def clipped_sum_from_vector_loss(vector_loss, var_list, l2_norm_clip, num_microb
     target = losses * loss_scale if loss_scale is not None else losses
     jacobian = pfor_gradients.jacobian(target, list(var_list), use_pfor=True)
     jacobian = _zeros_for_unconnected(jacobian, var_list, tf.shape(losses)[0])
-  if loss_scale is not None:
-    jacobian = [j / tf.cast(loss_scale, j.dtype) for j in jacobian]
-  summed, norms = clip_and_sum(jacobian, l2_norm_clip)
+  # float32, divided by the loss scale, non-finite microbatches zeroed, then clipped.
+  summed, norms = clip_and_sum(jacobian, l2_norm_clip, loss_scale=loss_scale)
   return issue_clipped_sum(summed, norms, losses, l2_norm_clip)
 
 
@@ -139,7 +140,7 @@ def _to_microbatches(tensor, num_microbatches):
 
 
 def clipped_sum_vectorized(loss_fn, inputs, var_list, l2_norm_clip, num_microbatches=None,
-                           vectorize=True):
+                           vectorize=True, loss_scale=None):
   """Clipped sum of per-microbatch gradients, mapping ``loss_fn`` over microbatches.
 
   Args:
@@ -152,6 +153,9 @@ def clipped_sum_vectorized(loss_fn, inputs, var_list, l2_norm_clip, num_microbat
     l2_norm_clip: clip norm C > 0.
     num_microbatches: ``None`` (per example, any B) or an int M dividing B.
     vectorize: False maps with ``tf.map_fn`` only (see ``examples.pfor_is_safe``).
+    loss_scale: optional static loss scale ``S > 0`` (mixed_float16): each microbatch's
+      gradient is computed for ``S * loss`` and divided by ``S`` before clipping; a microbatch
+      whose gradient is non-finite contributes zero (``clipped_sum.unscaled_finite_float32``).
 
   Returns:
     ``(ClippedSum, aux)`` with ``aux`` re-assembled to leading dimension B.
@@ -173,11 +177,12 @@ def clipped_sum_vectorized(loss_fn, inputs, var_list, l2_norm_clip, num_microbat
         per_example = tf.reduce_mean(
             tf.reshape(per_example, [tf.shape(per_example)[0], -1]), axis=1)
       loss = tf.reduce_mean(per_example)
-    grads = tape.gradient(loss, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+      scaled = loss if loss_scale is None else loss * tf.constant(loss_scale, loss.dtype)
+    grads = tape.gradient(scaled, var_list, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     return grads, loss, aux
 
   grads, losses, aux = map_examples(per_microbatch, microbatched, vectorize)
-  summed, norms = clip_and_sum(grads, l2_norm_clip)
+  summed, norms = clip_and_sum(grads, l2_norm_clip, loss_scale=loss_scale)
   aux = tf.nest.map_structure(
       lambda t: tf.reshape(t, tf.concat([[-1], tf.shape(t)[2:]], 0)), aux)
   return issue_clipped_sum(summed, norms, losses, l2_norm_clip), aux

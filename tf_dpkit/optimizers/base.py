@@ -18,6 +18,7 @@ import numbers
 
 import tensorflow as tf
 
+from analysis import _checks
 from tf_dpkit import distribute
 from tf_dpkit.clipping.clipped_sum import ClippedSum
 from tf_dpkit.clipping.per_example import assert_nonempty
@@ -34,6 +35,21 @@ CONSTRUCTOR_ARGS_DOC = """Args:
         key from the OS entropy source, never written to a config, checkpoint or graph.
       expected_batch_size: for Poisson-sampled batches, divide the noisy sum by this instead
         of the realised batch size (requires ``num_microbatches=None``)."""
+
+
+#: The static loss scale ``S`` used under a float16 compute dtype (``mixed_float16``) when the
+#: optimizer has no ``loss_scale_factor``: gradients of ``S * loss`` keep small per-example
+#: gradients above float16's underflow while leaving a factor 65504 / S = 64 of headroom below
+#: its overflow; a microbatch that still overflows contributes zero (see ``static_loss_scale``).
+DEFAULT_FLOAT16_LOSS_SCALE = 2.0 ** 10
+
+
+def check_loss_scale_factor(kwargs):
+  """Raises ``ValueError`` unless ``kwargs["loss_scale_factor"]`` (Keras's static loss scale)
+  is absent, None or a finite number in (0, inf)."""
+  value = kwargs.get("loss_scale_factor")
+  if value is not None:
+    _checks.check_finite_positive("loss_scale_factor", value)
 
 
 def check_learning_rate(base, args, kwargs):
@@ -62,6 +78,7 @@ class DPOptimizerBase:
                           expected_batch_size, seed) -> DPSettings:
     """Checks every constructor argument before the wrapped class sees any of them."""
     check_learning_rate(cls._dp_base_class, args, kwargs)
+    check_loss_scale_factor(kwargs)
     return DPSettings(l2_norm_clip, noise_multiplier, num_microbatches,
                       expected_batch_size=expected_batch_size, seed=seed)
 
@@ -116,6 +133,36 @@ class DPOptimizerBase:
   def _loss_scale(self):
     """The factor the wrapped ``apply`` divides gradients by (None: none)."""
     return None
+
+  def static_loss_scale(self, model=None):
+    """The static loss scale ``S`` tf_dpkit's clipping paths compute gradients at, or None.
+
+    ``loss_scale_factor`` when the optimizer has one; else ``DEFAULT_FLOAT16_LOSS_SCALE``
+    (2**10) when ``model`` (or, without a model, the global Keras dtype policy) computes in
+    float16 (``mixed_float16``); else None.  Gradients of ``S * loss`` are divided by ``S`` in
+    float32 *before* clipping, so ``S`` never changes which gradient is clipped, and a
+    microbatch whose gradient overflows (inf/NaN) contributes zero
+    (``tf_dpkit.clipping.clipped_sum.unscaled_finite_float32``).
+
+    Why static: Keras's dynamic loss scaling (``LossScaleOptimizer``) skips the whole step
+    and halves ``S`` when any gradient of the batch is non-finite.  That decision is a
+    function of the private batch that the accountant does not cover, and one example can
+    force it (an example whose gradient overflows makes every step it is in a no-op and
+    shows in the released scale).  A fixed ``S`` with per-microbatch zeroing makes the step a
+    sum of per-microbatch terms of norm at most ``C``, so the usual sensitivity bound holds,
+    the step is always taken and the noise is unchanged.
+    """
+    scale = self._loss_scale()
+    if scale is not None:
+      return float(scale)
+    if model is not None:
+      from tf_dpkit.clipping import _keras_internals  # pylint: disable=g-import-not-at-top
+      dtypes = {getattr(layer, "compute_dtype", None)
+                for layer in _keras_internals.sublayers(model, include_self=True)}
+    else:
+      import keras  # pylint: disable=g-import-not-at-top
+      dtypes = {keras.config.dtype_policy().compute_dtype}
+    return DEFAULT_FLOAT16_LOSS_SCALE if "float16" in dtypes else None
 
   def privatize(self, clipped: ClippedSum, data_independent_grads=None):
     """Private average gradients from a clipped sum, certified for ``apply``.

@@ -115,6 +115,10 @@ def make_keras_dp_class(base):
     def compute_gradients(self, loss, var_list, tape=None):
       """Private gradients of a vector loss: ``[(grad, var), ...]``.
 
+      Under a float16 compute dtype (global ``mixed_float16`` policy) or with
+      ``loss_scale_factor`` set, gradients are computed at the static loss scale
+      ``static_loss_scale()`` and unscaled before clipping (see there).
+
       Args:
         loss: float tensor [batch] recorded on ``tape``, or a zero-argument callable returning
           one (then a tape is opened here).
@@ -136,7 +140,7 @@ def make_keras_dp_class(base):
             "optimizer, model, ...) or a DP model's fit.")
       clipped = clipped_sum_from_vector_loss(
           loss, var_list, self.l2_norm_clip_for_step(), self.replica_num_microbatches(),
-          tape=tape, loss_scale=self._loss_scale())
+          tape=tape, loss_scale=self.static_loss_scale())
       return list(zip(self.privatize(clipped), var_list))
 
     def minimize(self, loss, var_list, tape=None):
