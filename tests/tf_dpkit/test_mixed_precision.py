@@ -147,6 +147,25 @@ def test_an_overflowing_example_contributes_zero_and_the_bound_holds(policy, met
   assert removal_sensitivity(clipped_sum, len(X_OVERFLOW)) <= C * (1 + TOL)
 
 
+@pytest.mark.parametrize("method", ["fast", pytest.param("vectorized", marks=pytest.mark.slow)])
+def test_an_activation_overflowing_float16_leaves_the_sum_finite_and_bounded(policy, method):
+  policy("mixed_float16")
+  keras.utils.set_random_seed(9)
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+  x = RNG.normal(size=(4, 3)).astype(np.float32)
+  x[2] = 1e6  # its first layer's outputs exceed 65504: inf in float16 for the second layer
+  y = RNG.integers(0, 2, 4)
+  assert not np.all(np.isfinite(model.layers[0](x[2:3]).numpy()))
+
+  def clipped_sum(keep):
+    clipped, _ = clipped_sum_for_model(model, SCE, tf.constant(x[keep]), tf.constant(y[keep]),
+                                       None, C, None, method,
+                                       loss_scale=DEFAULT_FLOAT16_LOSS_SCALE)
+    assert all(np.all(np.isfinite(g.numpy())) for g in clipped.grads)
+    return clipped.grads
+  assert removal_sensitivity(clipped_sum, len(x)) <= C * (1 + TOL)
+
+
 def test_fit_with_an_overflowing_example_takes_every_step_with_unchanged_noise(policy):
   policy("mixed_float16")
   keras.utils.set_random_seed(4)
