@@ -275,6 +275,8 @@ def test_removing_one_example_moves_the_clipped_sum_by_at_most_the_current_clip(
     (dict(adaptive_clipping=dict(count_noise_stddev=float("nan"))), ValueError,
      "count_noise_stddev"),
     (dict(gradient_accumulation_steps=2), ValueError, "gradient_accumulation_steps"),
+    (dict(l2_norm_clip=tf_dpkit.clipping.groups.LayerClipNorms({"dense": 1.0})), ValueError,
+     "per-layer clip norms"),
 ])
 def test_bad_adaptive_settings_are_refused_at_construction(kwargs, error, match):
   with pytest.raises(error, match=match):
