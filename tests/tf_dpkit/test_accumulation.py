@@ -133,8 +133,10 @@ class _LogicalSum:
         expected_batch_size=1.0)
     self.w = tf.Variable(W0)
 
-    @tf.function(reduce_retracing=True)
-    def step(xb, yb, weight):
+    @tf.function(input_signature=[tf.TensorSpec([None, 5], tf.float32),
+                                  tf.TensorSpec([None, 1], tf.float32),
+                                  tf.TensorSpec([None], tf.float32)])
+    def step(xb, yb, weight):  # one trace for every chunk size
       with tf.GradientTape() as tape:
         loss = weight * tf.reduce_sum(tf.square(tf.matmul(xb, self.w) - yb), axis=1)
       self.optimizer.minimize(loss, [self.w], tape=tape)
