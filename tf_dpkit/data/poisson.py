@@ -50,6 +50,12 @@ batch size*) and variance ``qN(1 - q)``.  :func:`poisson_batches` implements exa
   sensitivity analysis the accountant relies on; ``qN`` is a public constant.  (In tf_dpkit,
   pass ``expected_batch_size=qN`` to the DP optimizer.)
 
+Virtual batches: with ``gradient_accumulation_steps=k`` (:func:`poisson_batches`,
+:func:`poisson_batches_for_memory`) each Poisson batch -- the same batch, by the same rule -- is
+emitted as ``k`` disjoint chunks for a DP optimizer that noises once per ``k`` chunks
+(``tf_dpkit.optimizers.accumulation``).  ``k`` independent Poisson batches would NOT do: an
+example drawn into two of them would count twice in one release.
+
 One "epoch" of Poisson sampling is ``steps_per_epoch = ceil(N / (qN)) = ceil(1 / q)`` steps:
 the number of steps whose expected batch sizes add up to at least ``N`` examples
 (:attr:`PoissonSampling.steps_per_epoch`).  Examples are not visited exactly once per epoch;
