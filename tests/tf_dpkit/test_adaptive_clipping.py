@@ -107,7 +107,6 @@ def test_make_private_resolves_and_checks_the_count_noise():
                           **common)
 
 
-@pytest.mark.slow
 def test_custom_loop_minimize_tracks_the_80th_percentile():
   """``optimizer.minimize(vector_loss)`` (Jacobian path): gamma 0.8, 300 steps; the same
   simulation as above gives std 0.006; tolerance 0.04."""
