@@ -1,5 +1,6 @@
 """``Conv1D`` / ``Conv2D``: patches unfolded (or per-example kernel gradients from one
-depthwise filter-gradient op with few input channels under oneDNN), then linear-map norms."""
+depthwise filter-gradient op with few input channels under oneDNN, where enabled), then
+linear-map norms."""
 from __future__ import annotations
 
 import keras
@@ -46,7 +47,13 @@ def unfold_patches(x, kernel_hw, strides, dilations, padding):
   return tf.reshape(patches, [tf.shape(x)[0], index.shape[0], kh * kw * channels])
 
 
-_MAX_FILTER_BACKPROP_BATCH = 768
+# Largest batch for which the first-layer branch below uses the depthwise filter-gradient op;
+# 0 (the default) turns the branch off.  Measured on the 2-core AMD EPYC host with oneDNN (MNIST
+# CNN first layer, 8x8 kernel, 1 channel): at batch 256 the op took 3.8 ms against 4.9 ms for
+# the identity-convolution unfolding, but 7.9 ms whenever a tf.distribute dataset iterator was
+# alive in the process (the unfolding: 5.5 ms), and at batch 1024 it took 31.8 ms against
+# 17.9 ms; a DP step must not depend on what else the process holds.
+_MAX_FILTER_BACKPROP_BATCH = 0
 
 
 def onednn_enabled() -> bool:
@@ -124,11 +131,12 @@ def conv_rule(layer, inputs):
   linear = LinearNorms(layer.use_bias)
 
   channels = static(x.shape[-1])
-  # Few input channels would be unfolded by an identity convolution of cost B S (kh kw C)^2;
-  # with oneDNN the depthwise filter-gradient op gives the per-example gradients faster up to a
-  # batch of _MAX_FILTER_BACKPROP_BATCH, and without oneDNN it is slower (benchmarks/).
+  # Few input channels are unfolded by an identity convolution of cost B S (kh kw C)^2; the
+  # depthwise filter-gradient op can give the per-example gradients instead, with oneDNN and up
+  # to a batch of _MAX_FILTER_BACKPROP_BATCH (off by default, see there).
   filter_backprop = (channels is not None and channels < 4 and dilations == [1, 1] and
-                     strides[0] == strides[1] and onednn_enabled())
+                     strides[0] == strides[1] and _MAX_FILTER_BACKPROP_BATCH > 0 and
+                     onednn_enabled())
 
   def squared_norms(g, num_groups):
     g_seq = as_sequence(g)
