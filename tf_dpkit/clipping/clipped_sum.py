@@ -7,6 +7,11 @@ the clipped sum is
 
 so each microbatch moves ``S`` by at most ``C`` in L2 norm: the sensitivity DP-SGD's noise is
 calibrated to.  Norms are taken over all variables together (global clipping).
+
+Before clipping, per-microbatch gradients are promoted to float32 when they are float16 or
+bfloat16, divided by the static loss scale when one was used (mixed_float16), and a microbatch
+with any non-finite entry is replaced by zero (:func:`unscaled_finite_float32`): its share then
+has norm ``0 <= C``, so the bound above holds whatever one example does to float16's range.
 """
 from __future__ import annotations
 
