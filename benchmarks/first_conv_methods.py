@@ -1,0 +1,108 @@
+"""DP step time of the MNIST CNN with each first-layer per-example method, with and without a
+``tf.distribute`` strategy, against the non-private step (interleaved, same process).
+
+    python benchmarks/first_conv_methods.py                 # none and one_device, 30 reps
+
+The conv rule forms the per-example kernel gradients of a convolution with fewer than 4 input
+channels either by unfolding patches (identity convolution + batched matmul) or, under oneDNN
+and up to ``conv._MAX_FILTER_BACKPROP_BATCH`` examples, by one depthwise filter-gradient op.
+Each strategy runs in a fresh process that holds a live ``experimental_distribute_dataset``
+iterator, as ``fit`` and ``benchmarks/distributed.py`` do; one DP model is traced per method.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def _measure(kind, reps, batch=256):
+  import keras  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, HERE)
+  import models as bench_models  # pylint: disable=g-import-not-at-top
+  import tf_dpkit  # pylint: disable=g-import-not-at-top
+  from tf_dpkit.clipping.rules import conv  # pylint: disable=g-import-not-at-top
+  strategy = (tf.distribute.OneDeviceStrategy("/cpu:0") if kind == "one_device"
+              else tf.distribute.get_strategy())
+  x, y = bench_models.batch_for("mnist_cnn", batch)
+  batches = iter(strategy.experimental_distribute_dataset(
+      tf.data.Dataset.from_tensors((x, y)).repeat()))
+  per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+  steps = {}
+  for method in ("non_private", "dp_unfold", "dp_filter_backprop"):
+    conv._MAX_FILTER_BACKPROP_BATCH = 768 if method == "dp_filter_backprop" else 0  # pylint: disable=protected-access
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+      model = bench_models.mnist_cnn()
+      if method == "non_private":
+        optimizer = keras.optimizers.SGD(0.01)
+      else:
+        optimizer = tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.1, learning_rate=0.01)
+      model.build((None,) + tuple(x.shape[1:]))
+      optimizer.build(model.trainable_variables)
+
+    def replica(xb, yb, model=model, optimizer=optimizer, method=method):
+      if method == "non_private":
+        with tf.GradientTape() as tape:
+          loss = tf.nn.compute_average_loss(per_example(yb, model(xb, training=True)),
+                                            global_batch_size=batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+      else:
+        grads = tf_dpkit.private_gradients(optimizer, model, per_example, xb, yb,
+                                           method="fast")
+      optimizer.apply(grads, model.trainable_variables)
+
+    @tf.function
+    def step(data, replica=replica):
+      strategy.run(replica, args=data)
+
+    step(next(batches))  # traced now, under this method's setting
+    steps[method] = step
+  for _ in range(3):
+    for step in steps.values():
+      step(next(batches))
+  times = {method: [] for method in steps}
+  for _ in range(reps):
+    for method, step in steps.items():
+      data = next(batches)
+      start = time.perf_counter()
+      step(data)
+      times[method].append((time.perf_counter() - start) * 1e3)
+  return {method: float(np.median(values)) for method, values in times.items()}
+
+
+def main():
+  if len(sys.argv) > 1 and sys.argv[1] == "--child":
+    print("RESULT " + json.dumps(_measure(sys.argv[2], int(sys.argv[3]))), flush=True)
+    return
+  import argparse  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--strategies", default="none,one_device")
+  parser.add_argument("--reps", type=int, default=30)
+  args = parser.parse_args()
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+             PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  print("| strategy | non-private ms | DP, unfolding ms (ratio) | DP, filter-gradient op ms (ratio) |")
+  print("|---|---:|---:|---:|")
+  for kind in args.strategies.split(","):
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", kind,
+                          str(args.reps)], capture_output=True, text=True, env=env, cwd=ROOT,
+                         check=False)
+    lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
+    if not lines:
+      raise RuntimeError(f"child failed:\n{out.stderr[-3000:]}")
+    r = json.loads(lines[0][len("RESULT "):])
+    base = r["non_private"]
+    print(f"| {kind} | {base:.2f} | {r['dp_unfold']:.2f} ({r['dp_unfold'] / base:.2f}) | "
+          f"{r['dp_filter_backprop']:.2f} ({r['dp_filter_backprop'] / base:.2f}) |", flush=True)
+
+
+if __name__ == "__main__":
+  main()
