@@ -278,6 +278,9 @@ def test_tiny_end_to_end_conditional(tmp_path):
   result = gan.fit(x, y, generator_steps=6, target_epsilon=50.0, sampling_seed=5, log_every=3,
                    callback=logs.append, verbose=False)
   assert [entry["generator_step"] for entry in logs] == [3, 6]
+  # Only public quantities are logged unless asked: nothing computed from the real batch.
+  assert set(logs[-1]) == {"generator_step", "discriminator_steps", "epsilon", "seconds",
+                           "generator_loss"}
   assert logs[-1]["epsilon"] == pytest.approx(result["epsilon"])
   assert 0 < result["epsilon"] <= 50.0
   path = str(tmp_path / "g.keras")
@@ -290,6 +293,12 @@ def test_tiny_end_to_end_conditional(tmp_path):
   np.testing.assert_allclose(images, again, atol=1e-6)
   with pytest.raises(ValueError, match="labels must be"):
     generative.sample(loaded, 2, labels=[0, 3])
+  private_logs = []
+  gan.fit(x, y, generator_steps=1, sampling_seed=6, log_every=1, callback=private_logs.append,
+          verbose=False, log_private_diagnostics=True)
+  assert {"discriminator_real_loss", "median_real_grad_norm"} <= set(private_logs[-1])
+  with pytest.raises(TypeError, match="log_private_diagnostics must be True or False"):
+    gan.fit(x, y, generator_steps=1, log_private_diagnostics="yes", verbose=False)
   png = generative.save_sample_grid(images, str(tmp_path / "grid.png"), columns=3, title="t")
   assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
   accuracy = generative.tstr_accuracy(images, labels, x, y, num_classes=3, epochs=1)

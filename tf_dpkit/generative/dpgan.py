@@ -398,7 +398,7 @@ class DPGAN:
     return low
 
   def fit(self, x, y=None, *, generator_steps, target_epsilon=None, sampling_seed=None,
-          log_every=100, callback=None, verbose=True):
+          log_every=100, callback=None, verbose=True, log_private_diagnostics=False):
     """Trains until ``generator_steps`` generator steps are done or the budget is spent.
 
     One iteration = ``discriminator_steps`` private discriminator steps (each on a fresh
@@ -414,6 +414,12 @@ class DPGAN:
       log_every: log (and call ``callback``) every this many iterations, integer >= 1.
       callback: optional ``f(logs: dict)``, called with each log entry.
       verbose: print each log entry.
+      log_private_diagnostics: also log ``discriminator_real_loss`` and
+        ``median_real_grad_norm`` of the last discriminator step.  They are computed from the
+        real batch (the median from *unclipped* norms) and are NOT covered by the privacy
+        guarantee: keep such logs private.  Default ``False``: the logs (printed, ``history``,
+        ``callback``) hold only public quantities (step counts, epsilon, time, and the
+        generator loss, a function of the released discriminator and public noise).
 
     Returns:
       A dict: ``epsilon`` (at ``delta``, all discriminator steps ever recorded), ``delta``,
@@ -426,6 +432,9 @@ class DPGAN:
     """
     generator_steps = _checks.check_integer("generator_steps", generator_steps, minimum=1)
     log_every = _checks.check_integer("log_every", log_every, minimum=1)
+    if not isinstance(log_private_diagnostics, bool):
+      raise TypeError(f"log_private_diagnostics must be True or False, got "
+                      f"{log_private_diagnostics!r}.")
     if target_epsilon is not None:
       target_epsilon = _checks.check_positive("target_epsilon", target_epsilon)  # inf allowed
     if callback is not None and not callable(callback):
@@ -490,7 +499,9 @@ class DPGAN:
       if it % log_every == 0 or it == iterations:
         logs = {"generator_step": it, "discriminator_steps": self.accountant.steps,
                 "epsilon": self.epsilon(), "seconds": round(time.time() - start, 1)}
-        logs.update({key: float(v) for key, v in {**d_logs, **g_logs}.items()})
+        if log_private_diagnostics:
+          logs.update({key: float(v) for key, v in d_logs.items()})
+        logs.update({key: float(v) for key, v in g_logs.items()})
         self.history.append(logs)
         if verbose:
           print(" ".join(f"{key}={v:.4g}" if isinstance(v, float) else f"{key}={v}"
