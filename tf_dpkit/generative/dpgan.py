@@ -118,6 +118,23 @@ def _static_shape(tensor):
   return tuple(tensor.shape)[1:]
 
 
+def public_latent(rng, batch, latent_dim, num_classes):
+  """Public randomness of a GAN step: noise ``N(0, I)`` ``[batch, latent_dim]`` from ``rng`` (a
+  ``tf.random.Generator``) and, with ``num_classes``, uniform one-hot fake labels ``[batch,
+  num_classes]`` (never the data's label frequencies); ``(noise, None)`` otherwise."""
+  z = rng.normal([batch, latent_dim])
+  if num_classes is None:
+    return z, None
+  labels = rng.uniform([batch], 0, num_classes, dtype=tf.int32)
+  return z, tf.one_hot(labels, num_classes)
+
+
+def model_inputs(first, labels):
+  """A generator's or discriminator's inputs: ``first`` alone, or ``[first, one_hot_labels]``
+  for conditional models."""
+  return first if labels is None else [first, labels]
+
+
 class DPGAN:
   """Trains a Keras generator and discriminator as a differentially private GAN.
 
@@ -275,15 +292,10 @@ class DPGAN:
   # -- public randomness ---------------------------------------------------------------------
 
   def _latent(self, batch):
-    """Noise ``N(0, I)`` ``[batch, latent_dim]`` and uniform one-hot fake labels (public)."""
-    z = self._rng.normal([batch, self.latent_dim])
-    if self.num_classes is None:
-      return z, None
-    labels = self._rng.uniform([batch], 0, self.num_classes, dtype=tf.int32)
-    return z, tf.one_hot(labels, self.num_classes)
+    return public_latent(self._rng, batch, self.latent_dim, self.num_classes)
 
   def _inputs(self, first, labels):
-    return first if labels is None else [first, labels]
+    return model_inputs(first, labels)
 
   # -- the two steps ---------------------------------------------------------------------------
 

@@ -397,14 +397,10 @@ class PATEGAN:
   # -- public randomness -----------------------------------------------------------------------
 
   def _latent(self, batch):
-    z = self._rng.normal([batch, self.latent_dim])
-    if self.num_classes is None:
-      return z, None
-    labels = self._rng.uniform([batch], 0, self.num_classes, dtype=tf.int32)
-    return z, tf.one_hot(labels, self.num_classes)
+    return _dpgan.public_latent(self._rng, batch, self.latent_dim, self.num_classes)
 
   def _inputs(self, first, labels):
-    return first if labels is None else [first, labels]
+    return _dpgan.model_inputs(first, labels)
 
   def _per_teacher(self, x, y):
     """Tiles ``[B, ...]`` public examples to every teacher: ``[B, k, ...]``."""
