@@ -145,10 +145,11 @@ def test_16_bit_output_gradients_are_summed_in_float32(dtype, value, repeats):
 
 def test_out_of_range_ids_touch_no_row_and_never_join_another_microbatch():
   # tf.gather gives a zero row for ids outside [0, V) on GPU (an error on CPU), and the gradient
-  # of E drops them.  With key j * V + id, id V of microbatch 0 would collide with id 0 of
-  # microbatch 1; the rule must keep them apart and count them for nothing.
+  # of E drops them: they must count for nothing, in the norms and in the clipped sum, whatever
+  # their dtype (2**32 + 1 wraps to 1 in int32) and wherever they sit next to counted ids.
   vocab = 4
-  ids = tf.constant([[vocab, 1, -1, vocab + 1], [0, 0, 1, 3], [vocab, vocab, 0, 2]], tf.int64)
+  ids = tf.constant([[vocab, 1, -1, 2**32 + 1], [0, 0, 1, 3], [vocab + 1, vocab, 0, -2**40]],
+                    tf.int64)  # 2**32 + 1 would wrap to 1 in int32
   g = tf.constant(RNG.normal(size=(3, 4, 2)).astype(np.float32))
   sums = embedding_rules.TokenSums(ids, vocab)
   want, grads = _closed_form(ids, g, vocab, 3)
