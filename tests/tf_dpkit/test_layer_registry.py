@@ -346,3 +346,34 @@ def test_scalar_loss_is_refused_with_the_fix(method):
   scalar_mse = lambda y, p: tf.reduce_mean(tf.square(p - y))
   with pytest.raises(ValueError, match="returned a scalar.*one loss per example"):
     clipped_sum_for_model(model, scalar_mse, _x(4, 3), _x(4, 2), None, 1.0, method=method)
+
+
+@pytest.mark.parametrize("under_strategy", [False, True])
+def test_first_conv_filter_backprop_op_only_outside_a_strategy(under_strategy, monkeypatch):
+  # The depthwise filter-gradient op is about twice as slow while a tf.distribute dataset
+  # iterator is alive, so the first conv uses it only outside a strategy (and with oneDNN).
+  from tf_dpkit.clipping.rules import conv as conv_rule
+  monkeypatch.setattr(conv_rule, "onednn_enabled", lambda: True)
+  monkeypatch.setattr(conv_rule, "_MAX_FILTER_BACKPROP_BATCH", 384)
+  strategy = (tf.distribute.OneDeviceStrategy("/cpu:0") if under_strategy
+              else tf.distribute.get_strategy())
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((12, 12, 1)), keras.layers.Conv2D(4, 5, strides=2),
+                              keras.layers.Flatten(), keras.layers.Dense(3)])
+  x = tf.constant(RNG.random((8, 12, 12, 1)).astype(np.float32))
+  y = tf.constant(RNG.integers(0, 3, 8))
+
+  @tf.function
+  def fast(x, y):
+    result, _ = clipped_sum_fast(model, XENT, (x, y, tf.ones_like(y, tf.float32)), 0.5, None)
+    return result.norms
+
+  with strategy.scope():  # traced where it runs: in the strategy's scope, or without one
+    concrete = fast.get_concrete_function(x, y)
+    norms = concrete(x, y)
+  assert tf.distribute.has_strategy() is False
+  uses_op = "DepthwiseConv2dNativeBackpropFilter" in {
+      op.type for op in concrete.graph.get_operations()}
+  _, expected_norms = _brute_force_clipped_sum(model, XENT, x, y, 0.5)
+  np.testing.assert_allclose(np.asarray(norms), expected_norms, rtol=2e-4)
+  assert uses_op is not under_strategy

@@ -47,13 +47,13 @@ def unfold_patches(x, kernel_hw, strides, dilations, padding):
   return tf.reshape(patches, [tf.shape(x)[0], index.shape[0], kh * kw * channels])
 
 
-# Largest batch for which the first-layer branch below uses the depthwise filter-gradient op;
-# 0 (the default) turns the branch off.  Measured on the 2-core AMD EPYC host with oneDNN (MNIST
-# CNN first layer, 8x8 kernel, 1 channel): at batch 256 the op took 3.8 ms against 4.9 ms for
-# the identity-convolution unfolding, but 7.9 ms whenever a tf.distribute dataset iterator was
-# alive in the process (the unfolding: 5.5 ms), and at batch 1024 it took 31.8 ms against
-# 17.9 ms; a DP step must not depend on what else the process holds.
-_MAX_FILTER_BACKPROP_BATCH = 0
+# Largest batch for which the first-layer branch below uses the depthwise filter-gradient op
+# (with oneDNN, outside a tf.distribute strategy); 0 turns the branch off.  The op beats the
+# identity-convolution unfolding for small batches, loses at large ones, and -- for a reason
+# inside TensorFlow not found -- runs about twice as slowly whenever a tf.distribute dataset
+# iterator is alive in the process, which every strategy's input pipeline keeps; so under a
+# strategy the unfolding is used (benchmarks/first_conv_methods.py measures both).
+_MAX_FILTER_BACKPROP_BATCH = 384
 
 
 def onednn_enabled() -> bool:
@@ -133,10 +133,10 @@ def conv_rule(layer, inputs):
   channels = static(x.shape[-1])
   # Few input channels are unfolded by an identity convolution of cost B S (kh kw C)^2; the
   # depthwise filter-gradient op can give the per-example gradients instead, with oneDNN and up
-  # to a batch of _MAX_FILTER_BACKPROP_BATCH (off by default, see there).
+  # to a batch of _MAX_FILTER_BACKPROP_BATCH and outside a strategy (see there).
   filter_backprop = (channels is not None and channels < 4 and dilations == [1, 1] and
                      strides[0] == strides[1] and _MAX_FILTER_BACKPROP_BATCH > 0 and
-                     onednn_enabled())
+                     onednn_enabled() and not tf.distribute.has_strategy())
 
   def squared_norms(g, num_groups):
     g_seq = as_sequence(g)
