@@ -357,8 +357,15 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
   # How per-microbatch norms are formed, in one place: a microbatch with a non-finite output
   # gradient (float16 overflow of the scaled backward pass) is zeroed before any norm, squares
   # are summed in float32 and divided by S^2 (norms of the unscaled gradients).
-  finite = finite_rows(tf.nest.flatten(output_grads), groups)
-  output_grads = tf.nest.map_structure(lambda g: zero_rows(g, finite), output_grads)
+  # The elementwise check is paid only where overflow is expected (half-precision output
+  # gradients, or a loss scale); in float32 a non-finite row still gets factor 0 below, but
+  # its NaN/inf reaches the sum (as it would reach any float32 training step).
+  flat_grads = [g for g in tf.nest.flatten(output_grads) if g is not None]
+  if loss_scale is not None or any(g.dtype in (tf.float16, tf.bfloat16) for g in flat_grads):
+    finite = finite_rows(flat_grads, groups)
+    output_grads = tf.nest.map_structure(lambda g: zero_rows(g, finite), output_grads)
+  else:
+    finite = tf.fill([groups], True)
   squared_by_record = [tf.cast(trace.squared_norms(g, groups), tf.float32) / (scale * scale)
                        for (_, trace), g in zip(records, output_grads)]
   finite = tf.logical_and(finite, tf.math.is_finite(tf.add_n(squared_by_record)))
