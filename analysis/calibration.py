@@ -37,7 +37,7 @@ from analysis._checks import (MAX_STEPS, _describe, check_choice, check_count, c
                               check_orders, check_positive, check_probability, check_real,
                               check_steps)
 
-__all__ = ["compute_noise_multiplier", "compute_noise_multiplier_for_training",
+__all__ = ["largest_count_that_fits", "compute_noise_multiplier", "compute_noise_multiplier_for_training",
            "noise_multiplier_for_event", "steps_for_training", "ACCOUNTANTS"]
 
 ACCOUNTANTS = _accountants.ACCOUNTANTS
@@ -45,6 +45,32 @@ _MAX_NOISE = 1e4
 _MIN_NOISE = 1e-3
 _MAX_ITERATIONS = 200
 _ORDER_WINDOW = 6
+
+
+def largest_count_that_fits(fits, *, start: int = 0, cap: int = 2**40):
+  """The largest integer ``n`` in ``[start, cap]`` with ``fits(n)``, for a predicate that is true
+  up to some ``n*`` and false after it (e.g. "``n`` more steps keep epsilon within budget").
+
+  Doubling from ``start`` then bisection: ``O(log n*)`` calls.  Returns ``start - 1`` when
+  ``fits(start)`` is false, and ``None`` when ``fits`` holds at a count above ``cap`` (e.g. no
+  noise cost at all).
+
+  Args:
+    fits: ``int -> bool``, monotone (true, then false).
+    start: the smallest count considered, an integer >= 0.
+    cap: an integer > ``start``; counts above it are "unlimited".
+  """
+  if not fits(start):
+    return start - 1
+  low, high = start, max(2 * start, start + 1)
+  while fits(high):
+    if high > cap:
+      return None
+    low, high = high, high * 2
+  while high - low > 1:
+    mid = (low + high) // 2
+    low, high = (mid, high) if fits(mid) else (low, mid)
+  return low
 
 
 def _epsilon_function(event_of, delta: float, accountant: str, orders):

@@ -22,7 +22,7 @@ import numbers
 import keras
 import numpy as np
 
-from analysis import _checks, dp_sgd
+from analysis import _checks, calibration, dp_sgd
 from analysis import accountants as _accountants
 from analysis import events as _events
 
@@ -376,17 +376,10 @@ class PrivacyBudget(keras.callbacks.Callback):
     def fits(extra_steps):
       extra = self._phases(self._seen_iterations, self._seen_iterations + extra_steps)
       return self.accountant.epsilon(extra=extra) <= self.target_epsilon
-    if not fits(0):
-      return self.accountant.steps
-    low, high = 0, 1
-    while fits(high):
-      low, high = high, high * 2
-      if high > 2**40:
-        return None  # never exceeded (e.g. infinite noise)
-    while high - low > 1:
-      mid = (low + high) // 2
-      low, high = (mid, high) if fits(mid) else (low, mid)
-    return self.accountant.steps + low
+    extra = calibration.largest_count_that_fits(fits)
+    if extra is None:
+      return None  # never exceeded (e.g. infinite noise)
+    return self.accountant.steps + max(extra, 0)
 
   # -- callback hooks ------------------------------------------------------------------------
 

@@ -207,3 +207,23 @@ def test_windowed_order_search_equals_the_full_grid_after_jumps():
       full = rdp_accountant.get_privacy_spent(
           ORDERS, rdp_accountant.compute_rdp(q, sigma, steps, ORDERS), target_delta=delta)[0]
     assert eps_of(sigma) == full, sigma
+
+
+@pytest.mark.parametrize("answer", [0, 1, 2, 3, 7, 8, 9, 1000, 123457])
+@pytest.mark.parametrize("start", [0, 1])
+def test_largest_count_that_fits_against_a_linear_scan(answer, start):
+  calls = []
+
+  def fits(n):
+    calls.append(n)
+    return n <= answer
+
+  got = calibration.largest_count_that_fits(fits, start=start)
+  assert got == max(answer, start - 1)
+  assert len(calls) <= 2 * max(answer, 1).bit_length() + 3  # logarithmic, not a scan
+
+
+def test_largest_count_that_fits_reports_unlimited_past_the_cap():
+  assert calibration.largest_count_that_fits(lambda n: True, cap=1000) is None
+  assert calibration.largest_count_that_fits(lambda n: n <= 1000, cap=1000) == 1000
+  assert calibration.largest_count_that_fits(lambda n: False) == -1

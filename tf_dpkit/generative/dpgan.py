@@ -64,7 +64,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from analysis import _checks
+from analysis import _checks, calibration
 from tf_dpkit.budget import Phase, PrivacyAccountant, ledger_array
 from tf_dpkit.clipping import fast_path
 from tf_dpkit.data.poisson import poisson_batches
@@ -397,17 +397,10 @@ class DPGAN:
     def fits(extra):
       phase = Phase(q, self.noise_multiplier, extra)
       return self.accountant.epsilon(extra=phase) <= target_epsilon
-    if self.noise_multiplier == 0.0 or not fits(1):
+    if self.noise_multiplier == 0.0:
       return 0
-    low, high = 1, 2
-    while fits(high):
-      low, high = high, high * 2
-      if high > 2**40:
-        return None
-    while high - low > 1:
-      mid = (low + high) // 2
-      low, high = (mid, high) if fits(mid) else (low, mid)
-    return low
+    affordable = calibration.largest_count_that_fits(fits, start=1)
+    return None if affordable is None else max(affordable, 0)
 
   def fit(self, x, y=None, *, generator_steps, target_epsilon=None, sampling_seed=None,
           log_every=100, callback=None, verbose=True, log_private_diagnostics=False):

@@ -87,7 +87,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from analysis import _checks
+from analysis import _checks, calibration
 from analysis import events as _events
 from analysis import pate as pate_analysis
 from tf_dpkit.clipping import fast_path
@@ -182,17 +182,8 @@ def affordable_queries(target_epsilon, noise_scale, delta, aggregator="gnmax"):
   more than 2**40 fit)."""
   target_epsilon = _checks.check_finite_positive("target_epsilon", target_epsilon)
   fits = lambda n: data_independent_epsilon(n, noise_scale, delta, aggregator) <= target_epsilon
-  if not fits(1):
-    return 0
-  low, high = 1, 2
-  while fits(high):
-    low, high = high, high * 2
-    if high > 2**40:
-      return None
-  while high - low > 1:
-    mid = (low + high) // 2
-    low, high = (mid, high) if fits(mid) else (low, mid)
-  return low
+  affordable = calibration.largest_count_that_fits(fits, start=1)
+  return None if affordable is None else max(affordable, 0)
 
 
 def noise_scale_for_budget(target_epsilon, num_queries, delta, aggregator="gnmax"):
