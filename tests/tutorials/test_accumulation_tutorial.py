@@ -1,30 +1,20 @@
 """The MNIST tutorial's --gradient_accumulation_steps: k micro-steps per logical step, and the
 epsilon of the logical configuration (analysis.rdp_accountant / pld_accountant, closed form)."""
 import math
-import os
-import re
-import subprocess
-import sys
 
 import pytest
 
+from tutorial_runs import final_numbers, run_mnist_tutorial
 from analysis import pld_accountant, rdp_accountant
 from dp_references import exact_gaussian_epsilon
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN, TEST, BATCH, EPOCHS, DELTA, SIGMA = 1024, 500, 64, 4, 1e-5, 1.1
 
 
 def _final(*flags):
-  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
-  cmd = [sys.executable, os.path.join(ROOT, "tutorials", "mnist_dpsgd_tutorial.py"),
-         f"--train_size={TRAIN}", f"--test_size={TEST}", f"--batch_size={BATCH}",
-         f"--epochs={EPOCHS}", f"--noise_multiplier={SIGMA}", "--l2_norm_clip=1.0",
-         f"--delta={DELTA}", "--learning_rate=0.5", *flags]
-  result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
-  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  line = next(l for l in result.stdout.splitlines() if l.startswith("final:"))
-  return {k: float(v) for k, v in re.findall(r"(\w+)=([-\d.e+]+)", line)}
+  return final_numbers(run_mnist_tutorial(
+      *flags, train=TRAIN, test=TEST, batch=BATCH, epochs=EPOCHS, sigma=SIGMA, delta=DELTA,
+      learning_rate=0.5))
 
 
 @pytest.mark.slow

@@ -2,26 +2,19 @@
 taken) and its epsilon is float32's (analysis.rdp_accountant): the loss scale is static, so the
 dtype never changes what is released or accounted."""
 import math
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
+from tutorial_runs import run_mnist_tutorial
 from analysis import rdp_accountant
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN, TEST, BATCH, EPOCHS, DELTA, SIGMA = 1024, 500, 64, 2, 1e-5, 1.1
 
 
 def _run(*flags):
-  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
-  cmd = [sys.executable, os.path.join(ROOT, "tutorials", "mnist_dpsgd_tutorial.py"),
-         f"--train_size={TRAIN}", f"--test_size={TEST}", f"--batch_size={BATCH}",
-         f"--epochs={EPOCHS}", f"--noise_multiplier={SIGMA}", "--l2_norm_clip=1.0",
-         f"--delta={DELTA}", "--learning_rate=0.5", *flags]
-  return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+  return run_mnist_tutorial(*flags, train=TRAIN, test=TEST, batch=BATCH, epochs=EPOCHS,
+                            sigma=SIGMA, delta=DELTA, learning_rate=0.5)
 
 
 @pytest.mark.slow
