@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tutorial_runs import run_mnist_tutorial
+from tutorial_runs import final_numbers, run_mnist_tutorial
 from analysis import rdp_accountant
 
 TRAIN, TEST, BATCH, EPOCHS, DELTA, SIGMA = 1024, 500, 64, 4, 1e-5, 1.1
@@ -27,8 +27,7 @@ def test_adaptive_clipping_flag_moves_the_clip_and_keeps_the_epsilon():
             if line.startswith("epoch ")]
   clips = [float(e["l2_norm_clip"]) for e in epochs]
   assert len(clips) == EPOCHS and len(set(clips)) == EPOCHS  # it moved every epoch
-  line = next(l for l in result.stdout.splitlines() if l.startswith("final:"))
-  final = {k: float(v) for k, v in re.findall(r"(\w+)=([-\d.e+]+)", line)}
+  final = final_numbers(result)
   assert 0.0 <= final["test_accuracy"] <= 1.0  # 64 noisy steps: accuracy not asserted
   steps = EPOCHS * math.ceil(TRAIN / BATCH)
   orders = rdp_accountant.DEFAULT_ORDERS

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tutorial_runs import run_mnist_tutorial
+from tutorial_runs import final_numbers, run_mnist_tutorial
 from analysis import rdp_accountant
 
 TRAIN, TEST, BATCH, EPOCHS, DELTA, SIGMA = 1024, 500, 64, 2, 1e-5, 1.1
@@ -26,8 +26,7 @@ def test_dtype_policy_flag_trains_with_the_float32_epsilon(policy):
             if line.startswith("epoch ")]
   assert len(epochs) == EPOCHS
   assert all(math.isfinite(float(e["loss"])) for e in epochs)
-  line = next(l for l in result.stdout.splitlines() if l.startswith("final:"))
-  final = {k: float(v) for k, v in re.findall(r"(\w+)=([-\d.e+]+)", line)}
+  final = final_numbers(result)
   steps = EPOCHS * math.ceil(TRAIN / BATCH)
   assert final["steps"] == steps  # no step skipped
   assert 0.0 <= final["test_accuracy"] <= 1.0  # 32 noisy steps: accuracy not asserted

@@ -118,6 +118,17 @@ def _static_shape(tensor):
   return tuple(tensor.shape)[1:]
 
 
+def check_built_models(**models):
+  """Raises ``ValueError`` naming the argument unless each is a built functional or Sequential
+  ``keras.Model`` with ``keras.Input`` layers (its input shapes must be known)."""
+  for name, model in models.items():
+    if not isinstance(model, keras.Model):
+      raise ValueError(f"{name} must be a keras.Model, got {type(model).__name__}.")
+    if not model.built or not getattr(model, "inputs", None):
+      raise ValueError(f"{name} must be a built functional or Sequential model with "
+                       "keras.Input layers (so its input shapes are known).")
+
+
 def public_latent(rng, batch, latent_dim, num_classes):
   """Public randomness of a GAN step: noise ``N(0, I)`` ``[batch, latent_dim]`` from ``rng`` (a
   ``tf.random.Generator``) and, with ``num_classes``, uniform one-hot fake labels ``[batch,
@@ -195,12 +206,7 @@ class DPGAN:
                method="auto", accountant="rdp", delta=1e-5):
     if gradient_penalty is not None and gradient_penalty != 0:
       raise ValueError(GRADIENT_PENALTY_REFUSED + f" Got gradient_penalty={gradient_penalty!r}.")
-    for name, model in (("generator", generator), ("discriminator", discriminator)):
-      if not isinstance(model, keras.Model):
-        raise ValueError(f"{name} must be a keras.Model, got {type(model).__name__}.")
-      if not model.built or not getattr(model, "inputs", None):
-        raise ValueError(f"{name} must be a built functional or Sequential model with "
-                         "keras.Input layers (so its input shapes are known).")
+    check_built_models(generator=generator, discriminator=discriminator)
     check_discriminator_examples_independent(discriminator)
     self.latent_dim = _checks.check_integer("latent_dim", latent_dim, minimum=1)
     self.num_classes = (None if num_classes is None else

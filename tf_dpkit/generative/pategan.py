@@ -274,12 +274,7 @@ class PATEGAN:
                generator_batch_size=64, teacher_learning_rate=2e-4, student_learning_rate=2e-4,
                generator_learning_rate=2e-4, beta_1=0.5, seed=0, noise_seed=None,
                partition_seed=None, vote="threshold", vote_fraction=0.5, delta=1e-5):
-    for what, model in (("generator", generator), ("student", student)):
-      if not isinstance(model, keras.Model):
-        raise ValueError(f"{what} must be a keras.Model, got {type(model).__name__}.")
-      if not model.built or not getattr(model, "inputs", None):
-        raise ValueError(f"{what} must be a built functional or Sequential model with "
-                         "keras.Input layers (so its input shapes are known).")
+    _dpgan.check_built_models(generator=generator, student=student)
     self.latent_dim = _checks.check_integer("latent_dim", latent_dim, minimum=1)
     self.num_teachers = _checks.check_integer("num_teachers", num_teachers, minimum=2)
     self.num_classes = (None if num_classes is None else
