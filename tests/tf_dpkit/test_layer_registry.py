@@ -23,6 +23,7 @@ def _built(layer, inputs):
 
 CASES = [
     ("dense_2d", lambda: keras.layers.Dense(3, activation="tanh"), lambda: _x(6, 5)),
+    ("dense_2d_no_bias", lambda: keras.layers.Dense(3, use_bias=False), lambda: _x(6, 5)),
     ("dense_3d_input", lambda: keras.layers.Dense(4), lambda: _x(6, 7, 5)),
     ("dense_4d_no_bias", lambda: keras.layers.Dense(2, use_bias=False), lambda: _x(6, 2, 3, 4)),
     ("dense_gram_form", lambda: keras.layers.Dense(64), lambda: _x(4, 2, 64)),

@@ -3,7 +3,9 @@
 Linear maps ``z_s = a_s W`` summed over positions ``s`` (Dense on sequences, convolutions
 after unfolding) have per-microbatch gradient ``A^T G``; its squared norm is computed either
 explicitly (cost ``M S d p``, memory ``M d p``) or with the Gram form
-``sum((A A^T) * (G G^T))`` (cost ``M S^2 (d + p)``), whichever is cheaper.
+``sum((A A^T) * (G G^T))`` (cost ``M S^2 (d + p)``), whichever is cheaper; with one position
+(``S = 1``) the gradient is the outer product ``a^T g`` and its squared norm is
+``||a||^2 ||g||^2`` (cost ``M (d + p)``, no batched matmul).
 
 The choice needs ``S`` (positions per microbatch), ``d`` and ``p``, which must not depend on
 the batch size being known while tracing (Poisson batches and Keras's array batches have a
@@ -83,6 +85,12 @@ class LinearNorms:
     a = group_examples(a, num_groups)
     g = group_examples(g, num_groups)
     s, d, p = static(a.shape[1]), static(a.shape[2]), static(g.shape[2])
+    if s == 1:
+      # One position per microbatch (a Dense layer on [B, d] inputs, one example each): the
+      # gradient a^T g is rank one, ||a^T g||^2 = ||a||^2 ||g||^2, and the bias gradient is g.
+      a_sq = tf.reduce_sum(tf.square(a[:, 0]), axis=1)
+      g_sq = tf.reduce_sum(tf.square(g[:, 0]), axis=1)
+      return g_sq * (a_sq + 1.0) if self.with_bias else g_sq * a_sq
     if s is None and d is not None and p is not None:
       # Examples per microbatch unknown while tracing: choose when the step runs; the clipped
       # sum then comes from the vector-Jacobian product (no per-microbatch gradients kept).
