@@ -95,13 +95,21 @@ class LinearNorms:
       # Examples per microbatch unknown while tracing: choose when the step runs; the clipped
       # sum then comes from the vector-Jacobian product (no per-microbatch gradients kept).
       s = tf.shape(a)[1]
-      norms = tf.cond(s * (d + p) < d * p, lambda: self._gram_squared_norms(a, g),
+      norms = tf.cond(self.explicit_is_cheaper(s, d, p),
                       lambda: tf.reduce_sum(tf.square(tf.matmul(a, g, transpose_a=True)),
-                                            axis=[1, 2]))
+                                            axis=[1, 2]),
+                      lambda: self._gram_squared_norms(a, g))
       return norms + self._bias_squared_norms(g)
-    if s is not None and d is not None and p is not None and s * (d + p) < d * p:
+    if s is not None and d is not None and p is not None and not self.explicit_is_cheaper(s, d, p):
       return self._gram_squared_norms(a, g) + self._bias_squared_norms(g)
     return self._explicit_squared_norms(tf.matmul(a, g, transpose_a=True), g)  # [M, d, p]
+
+  @staticmethod
+  def explicit_is_cheaper(positions, d, p):
+    """Whether the explicit per-microbatch gradients (``S d p``) cost no more than the Gram form
+    (``S^2 (d + p)``) for ``S = positions``: the one rule :meth:`squared_norms` chooses by (a
+    Python bool for ints, a bool tensor when ``S`` is known only when the step runs)."""
+    return positions * (d + p) >= d * p
 
   @staticmethod
   def _gram_squared_norms(a, g):
