@@ -13,9 +13,15 @@ RSS high-water mark of a fresh subprocess that runs only that configuration (``-
 Methods: ``non_private`` (Keras SGD on the mean loss), ``fast`` (per-layer ghost norms,
 ``tf_dpkit.private_gradients(..., method="fast")``), ``vectorized`` (whole-model
 ``tf.vectorized_map``), ``jacobian`` (the vector-loss optimizer interface,
-``optimizer.minimize(vector_loss, tape=...)``; batch 256 only: its cost grows with B^2), and
+``optimizer.minimize(vector_loss, tape=...)``; batch 256 only: its cost grows with B^2),
 ``fast_no_noise`` (the fast path with noise_multiplier=0: clipping cost without the Gaussian
-draw, whose cost grows with the parameter count, not the batch).
+draw, whose cost grows with the parameter count, not the batch), and ``noise_only`` (a
+non-private step plus tf_dpkit's keyed Gaussian draw for every parameter,
+``tf_dpkit.noise.add_gaussian_noise`` on the mean gradient: what the noise alone adds, the
+floor below which no DP-SGD step that draws one normal per parameter can go on this CPU; not in
+the default list: time it beside ``non_private`` alone, ``--methods=non_private,noise_only``,
+because interleaved with all the DP configurations the text model's non-private step measured
+7.8 instead of 2.8 ms, a cross-configuration effect no other method showed).
 
 Devices (``--device``): ``cpu`` times every configuration on ``/CPU:0``; ``gpu`` on ``/GPU:0``;
 ``all`` (the default) on the CPU and, where ``tf.config.list_physical_devices("GPU")`` is not
@@ -102,6 +108,18 @@ def _make_step(name, batch_size, method):
       with tf.GradientTape() as tape:
         loss = tf.reduce_mean(per_example(y, model(x, training=True)))
       grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply(grads, model.trainable_variables)
+  elif method == "noise_only":
+    optimizer = keras.optimizers.SGD(0.01)
+    key = tf_dpkit.noise.fresh_key(0)
+
+    def step():
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(per_example(y, model(x, training=True)))
+      grads = tape.gradient(loss, model.trainable_variables)
+      grads = [tf.convert_to_tensor(g) for g in grads]  # an Embedding's sparse gradient: dense
+      grads = tf_dpkit.noise.add_gaussian_noise(grads, 1.1 / batch_size, key,
+                                                optimizer.iterations)
       optimizer.apply(grads, model.trainable_variables)
   elif method in ("fast", "vectorized", "fast_no_noise"):
     sigma = 0.0 if method == "fast_no_noise" else 1.1
