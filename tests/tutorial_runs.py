@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+from analysis import rdp_accountant
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tutorials", "mnist_dpsgd_tutorial.py")
 
@@ -27,3 +29,12 @@ def final_numbers(result) -> dict:
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   line = next(l for l in result.stdout.splitlines() if l.startswith("final:"))
   return {k: float(v) for k, v in re.findall(r"(\w+)=([-\d.e+]+)", line)}
+
+
+def reference_rdp_epsilon(q, sigma, steps, delta):
+  """The epsilon an independent RDP computation gives for ``steps`` Poisson-sampled Gaussian
+  steps (rate ``q``, noise multiplier ``sigma``) at ``delta``, over the default orders: what a
+  tutorial's reported ``epsilon_rdp`` must equal."""
+  orders = rdp_accountant.DEFAULT_ORDERS
+  return rdp_accountant.get_privacy_spent(
+      orders, rdp_accountant.compute_rdp(q, sigma, steps, orders), target_delta=delta)[0]

@@ -9,9 +9,10 @@ import warnings
 
 import pytest
 
-from analysis import pld_accountant, rdp_accountant
+from analysis import pld_accountant
 from dp_references import exact_gaussian_epsilon
 from tf_dpkit.distribute import local_worker_addresses
+from tutorial_runs import reference_rdp_epsilon
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # 64 noisy steps: over 8 fresh-noise runs per tutorial the test accuracy stayed >= 0.42 (the
@@ -42,11 +43,9 @@ def _final(out):
 
 
 def _expected_eps(q, sigma, steps):
-  orders = rdp_accountant.DEFAULT_ORDERS
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    rdp_eps = rdp_accountant.get_privacy_spent(
-        orders, rdp_accountant.compute_rdp(q, sigma, steps, orders), target_delta=DELTA)[0]
+    rdp_eps = reference_rdp_epsilon(q, sigma, steps, DELTA)
   return rdp_eps, pld_accountant.compute_epsilon(q, sigma, steps, DELTA)
 
 
