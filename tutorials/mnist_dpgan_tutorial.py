@@ -11,9 +11,12 @@ what is clipped).  The noise multiplier is calibrated so that --generator_steps 
 --discriminator_steps discriminator steps meet (--target_epsilon, --delta); training also stops
 at the budget.  --target_epsilon=inf trains without noise (per-example clipping kept; no
 privacy guarantee).  --generator and --discriminator pick the networks
-(tf_dpkit/generative/models.py): "mlp" (MLP generator with BatchNormalization, MLP
-discriminator) or "conv" (DCGAN-style generator with --generator_filters; two-layer
-strided-conv discriminator with --discriminator_filters, the label tiled into image channels).
+(tf_dpkit/generative/models.py).  Defaults: a DCGAN-style conv generator with
+--generator_filters (32) and an MLP discriminator with a projection label head
+(--discriminator_conditioning=projection; "concat" appends the label to the image instead).
+"--generator=mlp" is an MLP generator with BatchNormalization; "--discriminator=conv" a
+two-layer strided-conv discriminator with --discriminator_filters, the label tiled into image
+channels.
 
 Writes to --output_dir:
   generator.keras  the conditional generator: inputs [noise [B, latent_dim], one_hot_label
@@ -56,8 +59,10 @@ flags.DEFINE_float("discriminator_learning_rate", 2e-4, "Adam learning rate of D
 flags.DEFINE_float("generator_learning_rate", 2e-4, "Adam learning rate of G.")
 flags.DEFINE_float("beta_1", 0.5, "Adam's beta_1 (both networks).")
 flags.DEFINE_enum("loss", "standard", ["standard", "wasserstein"], "GAN loss.")
-flags.DEFINE_enum("generator", "mlp", ["mlp", "conv"], "Generator builder (models.py).")
+flags.DEFINE_enum("generator", "conv", ["mlp", "conv"], "Generator builder (models.py).")
 flags.DEFINE_enum("discriminator", "mlp", ["mlp", "conv"], "Discriminator builder (models.py).")
+flags.DEFINE_enum("discriminator_conditioning", "projection", ["concat", "projection"],
+                  "mlp discriminator: how the label enters (models.mlp_discriminator).")
 flags.DEFINE_integer("generator_filters", 32, "conv generator: F (channels 2F, then F).")
 flags.DEFINE_list("discriminator_filters", ["16", "32"], "conv discriminator: (F1, F2).")
 flags.DEFINE_bool("clip_fake_examples", True,
@@ -87,7 +92,8 @@ def build_models():
     discriminator = generative.conv_discriminator(
         10, filters=tuple(int(f) for f in FLAGS.discriminator_filters))
   else:
-    discriminator = generative.mlp_discriminator(10)
+    discriminator = generative.mlp_discriminator(
+        10, conditioning=FLAGS.discriminator_conditioning)
   return generator, discriminator
 
 
@@ -144,7 +150,8 @@ def main(argv):
       "flags": {name: FLAGS[name].value for name in (
           "generator_steps", "discriminator_steps", "batch_size", "l2_norm_clip",
           "discriminator_learning_rate", "generator_learning_rate", "beta_1", "loss",
-          "generator", "discriminator", "generator_filters", "discriminator_filters",
+          "generator", "discriminator", "discriminator_conditioning", "generator_filters",
+          "discriminator_filters",
           "clip_fake_examples", "tstr_samples", "tstr_epochs",
           "tstr_classifiers", "fd_samples", "feature_epochs", "seed")},
   }

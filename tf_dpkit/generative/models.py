@@ -7,10 +7,14 @@ Shapes (``K`` classes, ``d`` latent dimensions, image shape ``(H, W, C)``, defau
   ``noise`` when ``num_classes`` is None) -> concatenation -> Dense + LeakyReLU(0.2) layers ->
   (optionally BatchNormalization) ->
   ``Dense(H*W*C)`` with a sigmoid -> reshape: images in [0, 1], shape ``[B, H, W, C]``.
-* :func:`mlp_discriminator`: inputs ``[image [B, H, W, C], one_hot_label [B, K]]`` -> flatten,
-  concatenate -> Dense + LeakyReLU(0.2) layers -> ``Dense(1)``: one logit per example.  Only
-  Dense layers (the fast per-layer clipping path handles them cheaply) and no normalisation
-  that mixes examples.
+* :func:`mlp_discriminator`: inputs ``[image [B, H, W, C], one_hot_label [B, K]]``.  With
+  ``conditioning="concat"``: flatten, concatenate the label -> Dense + LeakyReLU(0.2) layers ->
+  ``Dense(1)``.  With ``conditioning="projection"`` (Miyato & Koyama 2018, "cGANs with
+  projection discriminator"): the flattened image alone -> the same hidden layers -> features
+  ``h``; logit ``= w . h + b + (V h) . y`` with ``V`` a ``[K, h]`` matrix (``Dense(K, no
+  bias)`` then a dot product with the one-hot label ``y``), i.e. one learned class direction
+  per class.  One logit per example either way.  Only Dense layers carry weights (the fast
+  per-layer clipping path handles them cheaply) and no normalisation mixes examples.
 * :func:`conv_generator`: ``[noise, one_hot_label]`` -> concatenation -> ``Dense(H/4 * W/4 *
   2F)`` -> (BatchNormalization) -> LeakyReLU(0.2) -> reshape ``[H/4, W/4, 2F]`` ->
   ``Conv2DTranspose(F, 4, stride 2, same)`` -> (BatchNormalization) -> LeakyReLU(0.2) ->
@@ -79,20 +83,37 @@ def mlp_generator(latent_dim=64, num_classes=10, image_shape=(28, 28, 1), hidden
   return keras.Model(inputs if len(inputs) > 1 else inputs[0], out, name=name)
 
 
+CONDITIONINGS = ("concat", "projection")
+
+
 def mlp_discriminator(num_classes=10, image_shape=(28, 28, 1), hidden=(256, 128),
-                      name="discriminator"):
-  """Conditional (or unconditional) MLP discriminator returning one logit; see module doc."""
+                      conditioning="concat", name="discriminator"):
+  """Conditional (or unconditional) MLP discriminator returning one logit; see module doc.
+
+  ``conditioning``: how the one-hot label enters (ignored when ``num_classes`` is None):
+  ``"concat"`` (appended to the flattened image) or ``"projection"`` (inner product of the
+  label with a learned linear map of the last hidden features, added to the logit).
+  """
   shape, hidden = _check_common(None, num_classes, image_shape, hidden)
+  conditioning = _checks.check_choice("conditioning", conditioning, CONDITIONINGS)
   image = keras.Input(shape, name="image")
   inputs = [image]
   h = keras.layers.Flatten()(image)
+  label = None
   if num_classes is not None:
     label = keras.Input((num_classes,), name="one_hot_label")
     inputs.append(label)
-    h = keras.layers.Concatenate()([h, label])
+    if conditioning == "concat":
+      h = keras.layers.Concatenate()([h, label])
   for width in hidden:
     h = keras.layers.LeakyReLU(0.2)(keras.layers.Dense(width)(h))
-  out = keras.layers.Dense(1, name="logit")(h)
+  if label is not None and conditioning == "projection":
+    unconditional = keras.layers.Dense(1, name="unconditional_logit")(h)
+    class_maps = keras.layers.Dense(num_classes, use_bias=False, name="class_projection")(h)
+    projected = keras.layers.Dot(axes=1, name="label_projection")([class_maps, label])
+    out = keras.layers.Add(name="logit")([unconditional, projected])
+  else:
+    out = keras.layers.Dense(1, name="logit")(h)
   return keras.Model(inputs if len(inputs) > 1 else image, out, name=name)
 
 
