@@ -357,13 +357,47 @@ def test_conv_models_shapes_and_checks():
     generative.conv_generator(LATENT, 3, (8, 8, 1), filters=0)
 
 
-def test_conditional_conv_discriminator_update_is_the_clipped_real_sum_plus_fake_mean():
-  """The same DP-SGD step as for the MLP, checked example by example on the conv models
-  (Conv2D per-example norms and the weightless label tiling on the fast path)."""
+def test_projection_discriminator_logit_and_weights_by_hand():
+  """logit = w . h + b + (V h) . y, h the last hidden features; weights counted by hand."""
+  keras.utils.set_random_seed(2)
+  k, shape = 3, (4, 4, 1)
+  d = generative.mlp_discriminator(k, shape, hidden=(6, 5), conditioning="projection")
+  # Dense 16->6, Dense 6->5, unconditional Dense 5->1, class map 5->3 without bias.
+  assert d.count_params() == (16 * 6 + 6) + (6 * 5 + 5) + (5 + 1) + 5 * 3
+  concat = generative.mlp_discriminator(k, shape, hidden=(6, 5))
+  assert concat.count_params() == (19 * 6 + 6) + (6 * 5 + 5) + (5 + 1)
+  rng = np.random.default_rng(0)
+  x = rng.uniform(size=(4,) + shape).astype(np.float32)
+  labels = np.array([0, 2, 1, 2])
+  y = np.eye(k, dtype=np.float32)[labels]
+  hidden = [layer for layer in d.layers if isinstance(layer, keras.layers.Dense)
+            and layer.name not in ("unconditional_logit", "class_projection")]
+  (w1, b1), (w2, b2) = [(layer.kernel.numpy(), layer.bias.numpy()) for layer in hidden]
+  leaky = lambda a: np.where(a > 0, a, 0.2 * a)
+  h = leaky(leaky(x.reshape(4, -1) @ w1 + b1) @ w2 + b2)
+  head = d.get_layer("unconditional_logit")
+  v = d.get_layer("class_projection").kernel.numpy()
+  expected = h @ head.kernel.numpy()[:, 0] + head.bias.numpy()[0] + (h @ v)[np.arange(4), labels]
+  np.testing.assert_allclose(d([x, y]).numpy()[:, 0], expected, rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match=r"conditioning must be one of \['concat', 'projection'\]"):
+    generative.mlp_discriminator(k, shape, conditioning="product")
+  # Unconditional: the conditioning argument has nothing to act on; one input, one Dense head.
+  assert len(generative.mlp_discriminator(None, shape, conditioning="projection").inputs) == 1
+
+
+@pytest.mark.parametrize("discriminator", ["conv", "mlp_projection"])
+def test_conditional_discriminator_update_is_the_clipped_real_sum_plus_fake_mean(discriminator):
+  """The same DP-SGD step as for the MLP, checked example by example on the conditional
+  models: the conv discriminator (Conv2D per-example norms, the weightless label tiling) and
+  the projection MLP (the label enters through a weightless Dot after a Dense layer, so the
+  real example's label changes which part of the class map receives its gradient)."""
   keras.utils.set_random_seed(1)
   k, shape = 3, (8, 8, 1)
   g = generative.conv_generator(LATENT, k, shape, filters=2)
-  d = generative.conv_discriminator(k, shape, filters=(2, 3))
+  if discriminator == "conv":
+    d = generative.conv_discriminator(k, shape, filters=(2, 3))
+  else:
+    d = generative.mlp_discriminator(k, shape, hidden=(6, 4), conditioning="projection")
   gan = DPGAN(g, d, latent_dim=LATENT, num_classes=k, l2_norm_clip=0.05, noise_multiplier=0.0,
               expected_batch_size=4.0, optimizer="sgd", discriminator_learning_rate=1.0,
               clip_fake_examples=False, noise_seed=1)

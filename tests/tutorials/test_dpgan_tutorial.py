@@ -1,6 +1,7 @@
 """tutorials/mnist_dpgan_tutorial.py on a small MNIST slice: its outputs and their contents,
-private (epsilon 10, MLP networks) and non-private (inf, conv networks, two discriminator
-steps per generator step, CNN TSTR only).  About 30 s on 2 cores, so in the slow suite; the
+private (epsilon 10, the default networks: conv generator, projection MLP discriminator) and
+non-private (inf, MLP generator and conv discriminator, two discriminator steps per generator
+step, CNN TSTR only).  About 30 s on 2 cores, so in the slow suite; the
 default suite trains the library end to end in tests/tf_dpkit/test_generative.py."""
 import json
 import math
@@ -35,10 +36,11 @@ def test_dpgan_tutorial_private_and_nonprivate(tmp_path):
   assert results["latent_dim"] == 64 and results["discriminator_steps_done"] == 8
   assert 0.0 <= results["tstr_accuracy"] <= 1.0 and results["frechet_distance"] >= 0.0
   assert 0.0 <= results["tstr_accuracy_cnn"] <= 1.0
-  assert results["flags"]["generator"] == "mlp" and results["flags"]["discriminator"] == "mlp"
+  assert results["flags"]["generator"] == "conv" and results["flags"]["discriminator"] == "mlp"
+  assert results["flags"]["discriminator_conditioning"] == "projection"
   assert "final: epsilon=" in stdout and "tstr_accuracy_cnn=" in stdout
-  results, _ = _run(tmp_path / "inf", "inf", "--discriminator=conv", "--generator=conv",
-                    "--generator_filters=4", "--discriminator_filters=4,8",
+  results, _ = _run(tmp_path / "inf", "inf", "--discriminator=conv", "--generator=mlp",
+                    "--discriminator_filters=4,8",
                     "--discriminator_steps=2", "--tstr_classifiers=cnn")
   assert results["epsilon"] == math.inf and results["noise_multiplier"] == 0.0
   assert results["tstr_accuracy"] is None and 0.0 <= results["tstr_accuracy_cnn"] <= 1.0
