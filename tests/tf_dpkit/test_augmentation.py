@@ -243,6 +243,40 @@ def test_fit_step_is_minus_brute_force_sum_over_expected_examples(method):
   assert np.isfinite(history.history["loss"][0])
 
 
+def test_gradient_accumulation_with_multiplicity_is_brute_force_over_the_logical_batch():
+  """fit with k = 2 micro-batches (3 and 4 examples) per logical step and K copies: nothing
+  moves after the first micro-step; after the second, delta = -S / n with S the brute-force
+  sum, over BOTH micro-batches, of the examples' clipped mean gradients over the rows fit drew
+  (micro-step m augments with draw m of the same step), and n the expected examples of the
+  logical batch (7), not its rows (21)."""
+  expected_batch = 7.0
+  model = _dp_model(seed=5)
+  before = [w.numpy() for w in model.trainable_variables]
+  model.compile(optimizer=tf_dpkit.DPGradientDescentGaussianOptimizer(
+      l2_norm_clip=CLIP, noise_multiplier=0.0, learning_rate=1.0,
+      expected_batch_size=expected_batch, gradient_accumulation_steps=2),
+                loss=XENT, augmentation=AugmentationMultiplicity(_jitter, K, seed=41))
+  data = _variable_batches([3, 4], seed=8)
+  trace = []
+
+  class Record(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+      trace.append(_flat([w.numpy() for w in model.trainable_variables]))
+
+  model.fit(data, epochs=1, verbose=0, callbacks=[Record()])
+  np.testing.assert_array_equal(trace[0], _flat(before))  # the first micro-step only adds
+  twin = AugmentationMultiplicity(_jitter, K, seed=41)
+  reference_model = _dp_model(seed=5)
+  total, norms = 0.0, []
+  for x, y in data:
+    rows = twin.augmented_rows(x, y, tf.ones([tf.shape(x)[0]]), twin.step_seed(0))
+    part, part_norms = _reference(reference_model, *rows, K, CLIP)
+    total, norms = total + part, norms + list(part_norms)
+  assert len(norms) == 7 and max(norms) > CLIP  # clipping is active
+  np.testing.assert_allclose(trace[1] - _flat(before), -total / expected_batch, atol=1e-5)
+  assert int(model.optimizer.iterations.numpy()) == 1  # one logical step
+
+
 def test_private_gradients_with_augmentation_is_brute_force_sum_over_expected_examples():
   expected_batch = 5.0
   model = _model(seed=3)
