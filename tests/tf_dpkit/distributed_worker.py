@@ -7,7 +7,9 @@ Usage: python distributed_worker.py '<json>' with keys
   mode: "fit" | "loop" | "private_gradients" | "shares" | "poisson_fit" | "poisson_parts" |
     "budget_fit" | "budget_stop" | "backup" | "secrets" | "resume"
   sigma, seed, batch (global; the expected batch for Poisson), steps, loss ("zero" | "mse"),
-  num_microbatches; distributed (poisson_fit: distributed_poisson_batches); n, sharded
+  num_microbatches; augmentation (K: compile with AugmentationMultiplicity of K identical
+  copies, so K > 1 must give the update without augmentation); distributed (poisson_fit:
+  distributed_poisson_batches); n, sharded
   (poisson_parts: data set size, each worker holding only its shard); target_epsilon
 Prints one line "RESULT <json>": the parameter updates of every step (or, for "shares", each
 replica's private gradient of every step), or "ERROR <type>: <message>".
@@ -108,7 +110,11 @@ def main():
     optimizer = tf_dpkit.DPGradientDescentGaussianOptimizer(
         1.0, ARGS["sigma"], ARGS.get("num_microbatches"), learning_rate=1.0, seed=ARGS["seed"],
         expected_batch_size=B if mode in ("poisson_fit", "budget_stop") else None)
-    model.compile(optimizer, loss=loss_fn)
+    augmentation = None
+    if ARGS.get("augmentation"):
+      augmentation = tf_dpkit.AugmentationMultiplicity(lambda example, seed: example,
+                                                       ARGS["augmentation"])
+    model.compile(optimizer, loss=loss_fn, augmentation=augmentation)
 
   def params():
     return np.concatenate([v.numpy().ravel() for v in model.trainable_variables])

@@ -135,6 +135,28 @@ def test_without_noise_the_update_is_the_single_device_update(replicas, mode, mi
   np.testing.assert_allclose(distributed, single, atol=1e-5)
 
 
+@pytest.mark.parametrize("replicas, steps, tolerance", [
+    pytest.param(2, 1000, 0.07, marks=_SLOW)])  # 8,000 draws: standard error 0.79%
+def test_augmentation_noise_is_one_gaussian_over_the_global_examples(replicas, steps, tolerance):
+  # K = 4 copies of each example: the noise is still sigma C / B with B the global EXAMPLES.
+  updates = _run(strategy="mirrored", replicas=replicas, mode="fit", steps=steps,
+                 augmentation=4)
+  assert not isinstance(updates, str), updates
+  assert _noise_ratio(updates) == pytest.approx(1.0, abs=tolerance)
+
+
+@pytest.mark.parametrize("replicas", [2, pytest.param(4, marks=_SLOW)])
+def test_augmentation_without_noise_under_replicas_is_the_single_device_update(replicas):
+  # K identical copies: each example's mean gradient is its gradient, so K = 4 under R replicas
+  # must give the single-device update without augmentation (clipped once, summed over the
+  # replicas, divided by the global batch of examples, not of rows).
+  args = dict(sigma=0.0, loss="mse", steps=20, mode="fit")
+  single = np.array(_run(**args))
+  distributed = np.array(_run(strategy="mirrored", replicas=replicas, augmentation=4, **args))
+  assert np.abs(single).max() > 1e-3  # a real update
+  np.testing.assert_allclose(distributed, single, atol=1e-5)
+
+
 def test_num_microbatches_counts_the_global_batch_and_must_split_over_replicas():
   error = _run(strategy="mirrored", replicas=4, steps=2, num_microbatches=2)
   assert isinstance(error, str) and error.startswith("ValueError")
