@@ -12,7 +12,9 @@ so that --iterations iterations of --student_steps x --student_batch_size answer
 reported epsilon is this data-independent one (publishable).  --smooth_sensitivity also
 reports the smooth-sensitivity release of the data-dependent bound (PATE 2018, Section 4.2;
 publishable, a noisy estimate).  --target_epsilon=inf: noiseless teacher majority (no
-privacy).
+privacy).  Networks: --generator=mlp (default; MLP with BatchNorm) or conv (DCGAN-style,
+--generator_filters), and an MLP student with --student_conditioning=concat (default) or
+projection (tf_dpkit/generative/models.py); the teachers are small batched MLPs.
 
 Writes to --output_dir:
   generator.keras  the conditional generator: inputs [noise [B, latent_dim] ~ N(0, I),
@@ -55,6 +57,11 @@ flags.DEFINE_float("teacher_learning_rate", 2e-4, "Adam learning rate of the tea
 flags.DEFINE_float("student_learning_rate", 2e-4, "Adam learning rate of the student.")
 flags.DEFINE_float("generator_learning_rate", 2e-4, "Adam learning rate of G.")
 flags.DEFINE_integer("latent_dim", 64, "Noise dimensions.")
+flags.DEFINE_enum("generator", "mlp", ["mlp", "conv"],
+                  "Generator: MLP with BatchNorm, or the DCGAN-style conv_generator.")
+flags.DEFINE_integer("generator_filters", 32, "conv generator: F (channels 2F, then F).")
+flags.DEFINE_enum("student_conditioning", "concat", ["concat", "projection"],
+                  "How the label enters the MLP student (models.mlp_discriminator).")
 flags.DEFINE_enum("vote", "threshold", ["threshold", "rank"], "How teachers vote (PATEGAN).")
 flags.DEFINE_float("vote_fraction", 0.5, "Fraction of a query batch voted real (vote=rank).")
 flags.DEFINE_boolean("smooth_sensitivity", False,
@@ -86,8 +93,11 @@ def main(argv):
   print(f"N={len(x)} teachers={FLAGS.num_teachers} (shards of ~{len(x) // FLAGS.num_teachers}) "
         f"PATE answers planned={queries} GNMax sigma={noise} votes (target epsilon="
         f"{FLAGS.target_epsilon} at delta={FLAGS.delta}, data-independent)", flush=True)
-  generator = generative.mlp_generator(FLAGS.latent_dim, 10)
-  student = generative.mlp_discriminator(10)
+  if FLAGS.generator == "conv":
+    generator = generative.conv_generator(FLAGS.latent_dim, 10, filters=FLAGS.generator_filters)
+  else:
+    generator = generative.mlp_generator(FLAGS.latent_dim, 10)
+  student = generative.mlp_discriminator(10, conditioning=FLAGS.student_conditioning)
   gan = generative.PATEGAN(
       generator, student, latent_dim=FLAGS.latent_dim, num_teachers=FLAGS.num_teachers,
       num_classes=10, noise_scale=noise,
@@ -140,7 +150,7 @@ def main(argv):
           "teacher_steps", "student_steps", "student_batch_size", "generator_batch_size",
           "teacher_learning_rate", "student_learning_rate", "generator_learning_rate",
           "vote", "vote_fraction", "tstr_samples", "tstr_epochs", "fd_samples",
-          "feature_epochs", "seed")},
+          "feature_epochs", "seed", "generator", "generator_filters", "student_conditioning")},
   }
   with open(os.path.join(FLAGS.output_dir, "results.json"), "w", encoding="utf-8") as handle:
     json.dump(results, handle, indent=2)

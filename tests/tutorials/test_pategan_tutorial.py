@@ -1,5 +1,6 @@
 """tutorials/mnist_pategan_tutorial.py on a small MNIST slice: outputs and their contents,
-private (epsilon 10) and non-private (inf).  Two subprocess runs of about 20 s each on 2 cores,
+private (epsilon 10, MLP networks) and non-private (inf, conv generator and projection
+student).  Two subprocess runs of about 20 s each on 2 cores,
 so in the slow suite; the default suite trains PATEGAN end to end in
 tests/tf_dpkit/test_pategan.py."""
 import json
@@ -49,6 +50,13 @@ def test_pategan_tutorial_private_and_nonprivate(tmp_path):
   images, _ = generative.sample(generator, 10, seed=0)
   assert images.shape == (10, 28, 28, 1) and 0.0 <= images.min() <= images.max() <= 1.0
   assert np.isfinite(images).all()
-  results, _ = _run(tmp_path / "inf", "inf")
+  assert results["flags"]["generator"] == "mlp"
+  assert results["flags"]["student_conditioning"] == "concat"
+  results, _ = _run(tmp_path / "inf", "inf", "--generator=conv", "--generator_filters=4",
+                    "--student_conditioning=projection")
+  assert results["flags"]["generator"] == "conv"
+  assert results["flags"]["student_conditioning"] == "projection"
+  generator = keras.models.load_model(tmp_path / "inf" / "generator.keras", compile=False)
+  assert any(isinstance(layer, keras.layers.Conv2DTranspose) for layer in generator.layers)
   assert results["epsilon"] == math.inf and results["gnmax_sigma"] is None
   assert results["pate_answers"] == 0
