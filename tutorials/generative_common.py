@@ -25,6 +25,16 @@ def load_mnist(train_size=None, test_size=None):
   return (x, y), (xt, yt)
 
 
+def build_generator(kind, latent_dim, filters):
+  """The tutorials' conditional MNIST generator: ``"conv"`` (``generative.conv_generator`` with
+  ``filters``) or ``"mlp"`` (``generative.mlp_generator``); inputs ``[noise, one_hot_label]``."""
+  if kind == "conv":
+    return generative.conv_generator(latent_dim, 10, filters=filters)
+  if kind == "mlp":
+    return generative.mlp_generator(latent_dim, 10)
+  raise ValueError(f"generator must be 'mlp' or 'conv', got {kind!r}.")
+
+
 def evaluate_generator(path, output_dir, train, test, *, title, tstr_samples, tstr_epochs,
                        fd_samples, feature_epochs, seed, full_train_set,
                        tstr_classifiers=("mlp",)):

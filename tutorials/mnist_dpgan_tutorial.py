@@ -83,11 +83,8 @@ flags.mark_flag_as_required("output_dir")
 
 
 def build_models():
-  if FLAGS.generator == "conv":
-    generator = generative.conv_generator(FLAGS.latent_dim, 10,
-                                          filters=FLAGS.generator_filters)
-  else:
-    generator = generative.mlp_generator(FLAGS.latent_dim, 10)
+  generator = generative_common.build_generator(FLAGS.generator, FLAGS.latent_dim,
+                                                FLAGS.generator_filters)
   if FLAGS.discriminator == "conv":
     discriminator = generative.conv_discriminator(
         10, filters=tuple(int(f) for f in FLAGS.discriminator_filters))

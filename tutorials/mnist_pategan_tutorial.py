@@ -93,10 +93,8 @@ def main(argv):
   print(f"N={len(x)} teachers={FLAGS.num_teachers} (shards of ~{len(x) // FLAGS.num_teachers}) "
         f"PATE answers planned={queries} GNMax sigma={noise} votes (target epsilon="
         f"{FLAGS.target_epsilon} at delta={FLAGS.delta}, data-independent)", flush=True)
-  if FLAGS.generator == "conv":
-    generator = generative.conv_generator(FLAGS.latent_dim, 10, filters=FLAGS.generator_filters)
-  else:
-    generator = generative.mlp_generator(FLAGS.latent_dim, 10)
+  generator = generative_common.build_generator(FLAGS.generator, FLAGS.latent_dim,
+                                                FLAGS.generator_filters)
   student = generative.mlp_discriminator(10, conditioning=FLAGS.student_conditioning)
   gan = generative.PATEGAN(
       generator, student, latent_dim=FLAGS.latent_dim, num_teachers=FLAGS.num_teachers,
