@@ -385,6 +385,30 @@ def test_projection_discriminator_logit_and_weights_by_hand():
   assert len(generative.mlp_discriminator(None, shape, conditioning="projection").inputs) == 1
 
 
+@pytest.mark.parametrize("method", ["fast", "vectorized"])
+def test_projection_discriminator_real_term_removal_moves_the_clipped_sum_by_at_most_c(method):
+  """Brute force over the path DPGAN's discriminator step takes (clipped_sum_for_model on the
+  real term): removing any one real example, image and label, moves the clipped sum by at
+  most C, and by more than half of C (the gradients are large, so clipping binds)."""
+  from tf_dpkit.clipping.testing import removal_sensitivity  # pylint: disable=g-import-not-at-top
+  from tf_dpkit.model_gradients import clipped_sum_for_model  # pylint: disable=g-import-not-at-top
+  keras.utils.set_random_seed(4)
+  k, shape, clip = 3, (4, 4, 1), 0.05
+  d = generative.mlp_discriminator(k, shape, hidden=(6, 4), conditioning="projection")
+  rng = np.random.default_rng(9)
+  x = (3.0 * rng.normal(size=(6,) + shape)).astype(np.float32)
+  y = np.eye(k, dtype=np.float32)[[0, 1, 2, 2, 1, 0]]
+  real = lambda y_true, logits: tf.math.softplus(-logits[..., 0])
+
+  def clipped(keep):
+    result, _ = clipped_sum_for_model(d, real, [x[keep], y[keep]], tf.zeros([len(keep)]),
+                                      tf.ones([len(keep)]), clip, None, method)
+    return result.grads
+
+  moved = removal_sensitivity(clipped, len(x))
+  assert 0.5 * clip < moved <= clip * (1 + 1e-5)
+
+
 @pytest.mark.parametrize("discriminator", ["conv", "mlp_projection"])
 def test_conditional_discriminator_update_is_the_clipped_real_sum_plus_fake_mean(discriminator):
   """The same DP-SGD step as for the MLP, checked example by example on the conditional
