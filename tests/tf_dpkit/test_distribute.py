@@ -13,6 +13,7 @@ refusal); `pytest -m slow` runs them all.
 """
 import json
 import os
+import resource
 import subprocess
 import sys
 
@@ -381,3 +382,62 @@ def test_ledger_resumes_through_a_keras_file_under_a_strategy(strategy):
     # The fresh callback continues: 2 epochs in all, not 1.
     assert result["epsilon"] == pytest.approx([exact_gaussian_epsilon(SIGMA, 2, 1e-5)],
                                               rel=1e-9)
+
+
+# Second pass of a 16 MiB malloc/touch/free cycle on a fresh thread: glibc faults the block's
+# 4,096 pages in again unless the arena keeps a top pad (measured: [4097, 4096, 0, ...] without,
+# [4096, 0, ...] with keep_freed_host_memory()).  Fresh processes: mallopt is process-wide.
+_MALLOC_PROBE = r"""
+import ctypes, json, resource, sys, threading
+from tf_dpkit import distribute
+kept = distribute.keep_freed_host_memory() if sys.argv[1] == "keep" else None
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+faults = []
+def cycle():
+  for _ in range(4):
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    block = libc.malloc(16 << 20)
+    ctypes.memset(block, 1, 16 << 20)
+    libc.free(block)
+    faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
+thread = threading.Thread(target=cycle)
+thread.start()
+thread.join()
+print("RESULT " + json.dumps(dict(kept=kept, keeps=distribute.host_keeps_freed_memory(),
+                                  faults=faults)))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_keep_freed_host_memory_stops_glibc_returning_a_freed_block():
+  env = _env()
+  env.pop("MALLOC_TOP_PAD_", None)
+  procs = {mode: subprocess.Popen([sys.executable, "-c", _MALLOC_PROBE, mode],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env=env, cwd=ROOT) for mode in ("keep", "default")}
+  results = {mode: _parse(proc.communicate(timeout=300)[0]) for mode, proc in procs.items()}
+  assert results["keep"]["kept"] is True and results["keep"]["keeps"] is True
+  assert results["default"]["keeps"] is False
+  pages = (16 << 20) // resource.getpagesize()
+  assert results["default"]["faults"][1] >= 0.9 * pages  # the block is faulted in again
+  assert results["keep"]["faults"][1] <= 0.01 * pages  # kept: no page is faulted in again
+
+
+@pytest.mark.parametrize("value, keeps", [("", False), ("33554432", True), ("67108864", True),
+                                          ("33554431", False), ("64M", False), ("-1", False)])
+def test_host_keeps_freed_memory_reads_malloc_top_pad_from_the_environment(value, keeps,
+                                                                           monkeypatch):
+  from tf_dpkit import distribute
+  monkeypatch.setattr(distribute, "_top_pad_set_here", 0)
+  monkeypatch.setenv("MALLOC_TOP_PAD_", value)
+  assert distribute.host_keeps_freed_memory() is (keeps and sys.platform.startswith("linux"))
+
+
+@pytest.mark.parametrize("value", [True, 1.5, "67108864", (32 << 20) - 1, 2**31, None])
+def test_keep_freed_host_memory_checks_its_argument(value):
+  from tf_dpkit import distribute
+  with pytest.raises(ValueError, match=r"top_pad_bytes must be an integer in \[33554432, "
+                                       r"2147483647\]"):
+    distribute.keep_freed_host_memory(value)

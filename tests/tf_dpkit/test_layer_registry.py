@@ -349,13 +349,20 @@ def test_scalar_loss_is_refused_with_the_fix(method):
     clipped_sum_for_model(model, scalar_mse, _x(4, 3), _x(4, 2), None, 1.0, method=method)
 
 
-@pytest.mark.parametrize("under_strategy", [False, True])
-def test_first_conv_filter_backprop_op_only_outside_a_strategy(under_strategy, monkeypatch):
-  # The depthwise filter-gradient op is about twice as slow while a tf.distribute dataset
-  # iterator is alive, so the first conv uses it only outside a strategy (and with oneDNN).
+@pytest.mark.parametrize("under_strategy, keeps_freed_memory, expect_op", [
+    (False, False, True), (True, False, False), (True, True, True)])
+def test_first_conv_filter_backprop_op_under_a_strategy_only_where_freed_memory_is_kept(
+    under_strategy, keeps_freed_memory, expect_op, monkeypatch):
+  # Under a strategy the depthwise filter-gradient op's per-step scratch is returned to the
+  # system each step (twice the op's time), so there the first conv uses it only when the
+  # process keeps freed memory (tf_dpkit.distribute.keep_freed_host_memory), else it unfolds.
+  # Either way the norms are the brute-force ones and removing one example moves the clipped
+  # sum by at most C (and by more than C/2: clipping binds).
   from tf_dpkit.clipping.rules import conv as conv_rule
+  from tf_dpkit.clipping.testing import removal_sensitivity
   monkeypatch.setattr(conv_rule, "onednn_enabled", lambda: True)
   monkeypatch.setattr(conv_rule, "_MAX_FILTER_BACKPROP_BATCH", 384)
+  monkeypatch.setattr(conv_rule.distribute, "host_keeps_freed_memory", lambda: keeps_freed_memory)
   strategy = (tf.distribute.OneDeviceStrategy("/cpu:0") if under_strategy
               else tf.distribute.get_strategy())
   with strategy.scope():
@@ -367,14 +374,24 @@ def test_first_conv_filter_backprop_op_only_outside_a_strategy(under_strategy, m
   @tf.function
   def fast(x, y):
     result, _ = clipped_sum_fast(model, XENT, (x, y, tf.ones_like(y, tf.float32)), 0.5, None)
-    return result.norms
+    return result.norms, result.grads
 
-  with strategy.scope():  # traced where it runs: in the strategy's scope, or without one
-    concrete = fast.get_concrete_function(x, y)
-    norms = concrete(x, y)
+  graphs = []
+
+  def clipped_sum(keep):
+    xs, ys = tf.gather(x, keep), tf.gather(y, keep)
+    with strategy.scope():  # traced where it runs: in the strategy's scope, or without one
+      concrete = fast.get_concrete_function(xs, ys)
+      graphs.append(concrete.graph)
+      return concrete(xs, ys)
+
+  norms, _ = clipped_sum(np.arange(8))
   assert tf.distribute.has_strategy() is False
-  uses_op = "DepthwiseConv2dNativeBackpropFilter" in {
-      op.type for op in concrete.graph.get_operations()}
   _, expected_norms = _brute_force_clipped_sum(model, XENT, x, y, 0.5)
   np.testing.assert_allclose(np.asarray(norms), expected_norms, rtol=2e-4)
-  assert uses_op is not under_strategy
+  assert np.min(expected_norms) > 0.5  # every example is clipped
+  sensitivity = removal_sensitivity(lambda keep: clipped_sum(keep)[1], 8)
+  assert 0.25 < sensitivity <= 0.5 * (1 + 1e-5)
+  for graph in graphs:
+    uses_op = "DepthwiseConv2dNativeBackpropFilter" in {op.type for op in graph.get_operations()}
+    assert uses_op is expect_op

@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_dpkit import distribute
 from tf_dpkit.clipping.rules._linear import as_sequence, group_examples, LinearNorms, static
 from tf_dpkit.clipping.rules.registry import LayerTrace, register_layer_rule
 
@@ -48,11 +49,12 @@ def unfold_patches(x, kernel_hw, strides, dilations, padding):
 
 
 # Largest batch for which the first-layer branch below uses the depthwise filter-gradient op
-# (with oneDNN, outside a tf.distribute strategy); 0 turns the branch off.  The op beats the
-# identity-convolution unfolding for small batches, loses at large ones, and -- for a reason
-# inside TensorFlow not found -- runs about twice as slowly whenever a tf.distribute dataset
-# iterator is alive in the process, which every strategy's input pipeline keeps; so under a
-# strategy the unfolding is used (benchmarks/first_conv_methods.py measures both).
+# (with oneDNN); 0 turns the branch off.  The op beats the identity-convolution unfolding for
+# small batches and loses at large ones.  Under a tf.distribute strategy it runs on TensorFlow's
+# worker threads, where glibc returns its per-step scratch (about 64 KiB per example) to the
+# system each step and the op takes twice as long; so under a strategy it is used only when the
+# process keeps freed memory (tf_dpkit.distribute.keep_freed_host_memory), else the unfolding
+# (benchmarks/first_conv_methods.py measures both, with page faults).
 _MAX_FILTER_BACKPROP_BATCH = 384
 
 
@@ -133,10 +135,12 @@ def conv_rule(layer, inputs):
   channels = static(x.shape[-1])
   # Few input channels are unfolded by an identity convolution of cost B S (kh kw C)^2; the
   # depthwise filter-gradient op can give the per-example gradients instead, with oneDNN and up
-  # to a batch of _MAX_FILTER_BACKPROP_BATCH and outside a strategy (see there).
+  # to a batch of _MAX_FILTER_BACKPROP_BATCH; under a strategy only where freed memory is kept
+  # (see there).
   filter_backprop = (channels is not None and channels < 4 and dilations == [1, 1] and
                      strides[0] == strides[1] and _MAX_FILTER_BACKPROP_BATCH > 0 and
-                     onednn_enabled() and not tf.distribute.has_strategy())
+                     onednn_enabled() and (not tf.distribute.has_strategy() or
+                                           distribute.host_keeps_freed_memory()))
 
   def squared_norms(g, num_groups):
     g_seq = as_sequence(g)
