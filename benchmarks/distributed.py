@@ -14,6 +14,9 @@ milliseconds and their ratio.  The logical CPU devices of ``mirrored`` share the
 the ratio is what this measures, not a speed-up.  ``--inputs=constant`` feeds the same
 per-replica batches as constants made once (``experimental_distribute_values_from_function``)
 instead of a distributed ``tf.data`` iterator, to separate the cost of the input pipeline.
+``--keep_freed_host_memory`` calls ``tf_dpkit.distribute.keep_freed_host_memory()`` in every
+child before anything else (the CNN's first-layer op is then used under a strategy too).  The
+faults columns are the median minor page faults per step (``getrusage``).
 """
 from __future__ import annotations
 
@@ -29,11 +32,12 @@ STRATEGIES = ("none", "one_device", "mirrored2", "multiworker2")
 
 
 def _measure(config):
-  """Runs in the child process: returns {'non_private': ms, 'dp': ms}."""
+  """Runs in the child process: {'non_private': [ms, faults], 'dp': [ms, faults]}."""
   if config["strategy"] == "multiworker2":
     os.environ["TF_CONFIG"] = json.dumps({
         "cluster": {"worker": [f"localhost:{p}" for p in config["ports"]]},
         "task": {"type": "worker", "index": config["index"]}})
+  import resource  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
 
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -53,6 +57,8 @@ def _measure(config):
   sys.path.insert(0, HERE)
   import models as bench_models  # pylint: disable=g-import-not-at-top
   import tf_dpkit  # pylint: disable=g-import-not-at-top
+  if config.get("keep_freed") and not tf_dpkit.distribute.keep_freed_host_memory():
+    raise RuntimeError("keep_freed_host_memory: not glibc, nothing changed")
 
   batch = config["batch"]
   x, y = bench_models.batch_for(config["model"], batch)
@@ -101,13 +107,17 @@ def _measure(config):
     for step in steps.values():
       step(next(batches))
   times = {method: [] for method in steps}
+  faults = {method: [] for method in steps}
   for _ in range(config["reps"]):
     for method, step in steps.items():
       data = next(batches)
+      before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
       start = time.perf_counter()
       step(data)  # eager call of a tf.function: returns when the step has run
       times[method].append((time.perf_counter() - start) * 1e3)
-  return {method: float(np.median(values)) for method, values in times.items()}
+      faults[method].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+  return {method: [float(np.median(times[method])), float(np.median(faults[method]))]
+          for method in steps}
 
 
 def _child(config):
@@ -127,12 +137,12 @@ def _result(proc):
   raise RuntimeError(f"benchmark child failed:\n{err[-3000:]}")
 
 
-def run(strategies, models, batch, reps, warmup, inputs="distributed"):
+def run(strategies, models, batch, reps, warmup, inputs="distributed", keep_freed=False):
   rows = []
   for model in models:
     for kind in strategies:
       config = {"strategy": kind, "model": model, "batch": batch, "reps": reps,
-                "warmup": warmup, "inputs": inputs}
+                "warmup": warmup, "inputs": inputs, "keep_freed": keep_freed}
       if kind == "multiworker2":
         from tf_dpkit.distribute import local_worker_addresses  # pylint: disable=g-import-not-at-top
         ports = [int(a.split(':')[1]) for a in local_worker_addresses(2)]
@@ -140,10 +150,10 @@ def run(strategies, models, batch, reps, warmup, inputs="distributed"):
         result = [_result(p) for p in procs][0]
       else:
         result = _result(_child(config))
-      rows.append((model, kind, result["non_private"], result["dp"],
-                   result["dp"] / result["non_private"]))
-      print(f"{model:10s} {kind:13s} non-private {result['non_private']:8.2f} ms  "
-            f"DP {result['dp']:8.2f} ms  ratio {rows[-1][-1]:.2f}", flush=True)
+      (base, base_faults), (dp, dp_faults) = result["non_private"], result["dp"]
+      rows.append((model, kind, base, dp, dp / base, base_faults, dp_faults))
+      print(f"{model:10s} {kind:13s} non-private {base:8.2f} ms  DP {dp:8.2f} ms  "
+            f"ratio {dp / base:.2f}  faults/step {base_faults:.0f} / {dp_faults:.0f}", flush=True)
   return rows
 
 
@@ -160,6 +170,8 @@ def main():
                       help="distributed: batches from strategy.experimental_distribute_dataset "
                            "(what fit does); constant: the same per-replica batches made once "
                            "as constants (no input pipeline).")
+  parser.add_argument("--keep_freed_host_memory", action="store_true",
+                      help="Call tf_dpkit.distribute.keep_freed_host_memory() in every child.")
   parser.add_argument("--out", default=os.path.join(HERE, "results", "distributed.md"))
   args = parser.parse_args()
   if args.child:
@@ -170,18 +182,21 @@ def main():
   if unknown:
     parser.error(f"--strategies: unknown {unknown}; choose from {list(STRATEGIES)}")
   rows = run(strategies, args.models.split(","), args.batch, args.reps, args.warmup,
-             args.inputs)
+             args.inputs, args.keep_freed_host_memory)
   lines = [
       "# DP step time / non-private step time under each tf.distribute strategy", "",
       f"Command: `python benchmarks/distributed.py --strategies={','.join(strategies)} "
       f"--models={args.models} --batch={args.batch} --reps={args.reps} "
-      f"--inputs={args.inputs}`", "",
+      f"--inputs={args.inputs}"
+      + (" --keep_freed_host_memory" if args.keep_freed_host_memory else "") + "`", "",
       f"Host: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; global "
       "batch as given; median ms of interleaved steps; mirrored2 = 2 logical CPU devices "
       "sharing the cores, multiworker2 = 2 local worker processes (worker 0's timing).", "",
-      "| model | strategy | non-private ms | DP ms | DP / non-private |",
-      "|---|---|---:|---:|---:|"]
-  lines += [f"| {m} | {k} | {a:.2f} | {b:.2f} | {r:.2f} |" for m, k, a, b, r in rows]
+      "| model | strategy | non-private ms | DP ms | DP / non-private | faults/step "
+      "non-private | faults/step DP |",
+      "|---|---|---:|---:|---:|---:|---:|"]
+  lines += [f"| {m} | {k} | {a:.2f} | {b:.2f} | {r:.2f} | {fa:.0f} | {fb:.0f} |"
+            for m, k, a, b, r, fa, fb in rows]
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w", encoding="utf-8") as handle:
     handle.write("\n".join(lines) + "\n")

@@ -2,12 +2,19 @@
 ``tf.distribute`` strategy, against the non-private step (interleaved, same process).
 
     python benchmarks/first_conv_methods.py                 # none and one_device, 30 reps
+    python benchmarks/first_conv_methods.py --keep_freed_host_memory
 
 The conv rule forms the per-example kernel gradients of a convolution with fewer than 4 input
 channels either by unfolding patches (identity convolution + batched matmul) or, under oneDNN
-and up to ``conv._MAX_FILTER_BACKPROP_BATCH`` examples, by one depthwise filter-gradient op.
-Each strategy runs in a fresh process that holds a live ``experimental_distribute_dataset``
-iterator, as ``fit`` and ``benchmarks/distributed.py`` do; one DP model is traced per method.
+and up to ``conv._MAX_FILTER_BACKPROP_BATCH`` examples, by one depthwise filter-gradient op
+(under a strategy only where the process keeps freed memory,
+``tf_dpkit.distribute.keep_freed_host_memory``).  Here each DP column forces its method, under
+a strategy too.  Each strategy runs in a fresh process that holds a live
+``experimental_distribute_dataset`` iterator, as ``fit`` and ``benchmarks/distributed.py`` do;
+one DP model is traced per method.  Besides the median step time, the median number of minor
+page faults per step (``getrusage``: pages the process touched for the first time since they
+were mapped) is printed: memory returned to the system and taken again every step shows there.
+``--keep_freed_host_memory`` calls that function in every child first.
 """
 from __future__ import annotations
 
@@ -21,14 +28,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def _measure(kind, reps, batch=256):
+def _measure(kind, reps, keep_freed, batch=256):
+  import resource  # pylint: disable=g-import-not-at-top
+
   import keras  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, HERE)
   import models as bench_models  # pylint: disable=g-import-not-at-top
   import tf_dpkit  # pylint: disable=g-import-not-at-top
+  from tf_dpkit import distribute  # pylint: disable=g-import-not-at-top
   from tf_dpkit.clipping.rules import conv  # pylint: disable=g-import-not-at-top
+  if keep_freed and not distribute.keep_freed_host_memory():
+    raise RuntimeError("keep_freed_host_memory: not glibc, nothing changed")
+  kept = distribute.host_keeps_freed_memory
   strategy = (tf.distribute.OneDeviceStrategy("/cpu:0") if kind == "one_device"
               else tf.distribute.get_strategy())
   x, y = bench_models.batch_for("mnist_cnn", batch)
@@ -38,6 +51,8 @@ def _measure(kind, reps, batch=256):
   steps = {}
   for method in ("non_private", "dp_unfold", "dp_filter_backprop"):
     conv._MAX_FILTER_BACKPROP_BATCH = 768 if method == "dp_filter_backprop" else 0  # pylint: disable=protected-access
+    # Force the op under a strategy too (the rule asks this at trace time).
+    distribute.host_keeps_freed_memory = (lambda: True) if method == "dp_filter_backprop" else kept
     keras.utils.set_random_seed(0)
     with strategy.scope():
       model = bench_models.mnist_cnn()
@@ -69,39 +84,47 @@ def _measure(kind, reps, batch=256):
     for step in steps.values():
       step(next(batches))
   times = {method: [] for method in steps}
+  faults = {method: [] for method in steps}
   for _ in range(reps):
     for method, step in steps.items():
       data = next(batches)
+      before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
       start = time.perf_counter()
       step(data)
       times[method].append((time.perf_counter() - start) * 1e3)
-  return {method: float(np.median(values)) for method, values in times.items()}
+      faults[method].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+  return {method: (float(np.median(times[method])), float(np.median(faults[method])))
+          for method in steps}
 
 
 def main():
   if len(sys.argv) > 1 and sys.argv[1] == "--child":
-    print("RESULT " + json.dumps(_measure(sys.argv[2], int(sys.argv[3]))), flush=True)
+    print("RESULT " + json.dumps(_measure(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1")),
+          flush=True)
     return
   import argparse  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--strategies", default="none,one_device")
   parser.add_argument("--reps", type=int, default=30)
+  parser.add_argument("--keep_freed_host_memory", action="store_true")
   args = parser.parse_args()
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
              PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  print("| strategy | non-private ms | DP, unfolding ms (ratio) | DP, filter-gradient op ms (ratio) |")
+  print("| strategy | non-private ms (faults) | DP, unfolding ms (ratio, faults) | "
+        "DP, filter-gradient op ms (ratio, faults) |")
   print("|---|---:|---:|---:|")
   for kind in args.strategies.split(","):
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", kind,
-                          str(args.reps)], capture_output=True, text=True, env=env, cwd=ROOT,
+                          str(args.reps), str(int(args.keep_freed_host_memory))], capture_output=True, text=True, env=env, cwd=ROOT,
                          check=False)
     lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
     if not lines:
       raise RuntimeError(f"child failed:\n{out.stderr[-3000:]}")
     r = json.loads(lines[0][len("RESULT "):])
-    base = r["non_private"]
-    print(f"| {kind} | {base:.2f} | {r['dp_unfold']:.2f} ({r['dp_unfold'] / base:.2f}) | "
-          f"{r['dp_filter_backprop']:.2f} ({r['dp_filter_backprop'] / base:.2f}) |", flush=True)
+    base, base_faults = r["non_private"]
+    cells = [f"{ms:.2f} ({ms / base:.2f}, {faults:.0f})"
+             for ms, faults in (r["dp_unfold"], r["dp_filter_backprop"])]
+    print(f"| {kind} | {base:.2f} ({base_faults:.0f}) | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":
