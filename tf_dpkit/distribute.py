@@ -164,24 +164,32 @@ def local_worker_addresses(count: int) -> list:
 # conv._MAX_FILTER_BACKPROP_BATCH (384) examples, i.e. 24 MiB.
 MIN_TOP_PAD_BYTES = 32 << 20
 _MAX_C_INT = 2**31 - 1
+_MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's largest on 64-bit hosts
 _top_pad_set_here = 0
 
 
 def keep_freed_host_memory(top_pad_bytes: int = 64 << 20) -> bool:
   """Lets glibc's ``malloc`` keep up to ``top_pad_bytes`` of freed memory in every arena.
 
-  Calls ``mallopt(M_TOP_PAD, top_pad_bytes)`` for the whole process (the same as starting it
-  with ``MALLOC_TOP_PAD_=top_pad_bytes``): when an arena's top is trimmed, or a thread's heap
-  becomes empty, up to ``top_pad_bytes`` stay mapped instead of going back to the operating
-  system.  Why: under a ``tf.distribute`` strategy on a CPU, the first convolution's
-  per-example op (oneDNN's depthwise filter gradient, used for inputs of 1-3 channels) runs on
-  TensorFlow's worker threads and takes a scratch buffer of about 64 KiB per example each step;
-  glibc returns it each time, so the next step faults in 16 fresh pages per example (measured:
-  4,097 minor faults and twice the op's time at batch 256, none with the pad;
-  ``benchmarks/results/distributed.md``).  With the pad the conv rule uses that op under a
-  strategy as well (:func:`host_keeps_freed_memory`); without it, it unfolds patches, which
-  costs about 0.3x of a non-private CNN step more.  Speed only: both paths give the same
-  per-example gradients.
+  Calls, for the whole process, ``mallopt(M_MMAP_THRESHOLD, 32 MiB)`` (blocks below 32 MiB come
+  from the arenas, not from ``mmap``; 32 MiB is the largest value glibc accepts on 64-bit
+  hosts and the value its dynamic threshold would rise to) and then ``mallopt(M_TOP_PAD,
+  top_pad_bytes)`` (when an arena's top is trimmed, up to ``top_pad_bytes`` stay mapped, and an
+  arena grows by that much more than it needs).  Both are needed when arenas already exist:
+  setting ``M_TOP_PAD`` alone freezes glibc's dynamic mmap threshold at its current value, so an
+  existing thread's large blocks are then ``mmap``-ed and unmapped on every call.  Starting the
+  process with ``MALLOC_TOP_PAD_=top_pad_bytes`` in the environment works as well (every arena
+  is made with the pad).
+
+  Why: under a ``tf.distribute`` strategy on a CPU, the first convolution's per-example op
+  (oneDNN's depthwise filter gradient, used for inputs of 1-3 channels) runs on TensorFlow's
+  worker threads and takes a scratch buffer of about 64 KiB per example each step; glibc
+  returns it each time, so the next step faults in 16 fresh pages per example (measured: 4,097
+  minor faults and about twice the op's time at batch 256, none with this setting;
+  ``benchmarks/results/distributed.md``).  With it the conv rule uses that op under a strategy
+  as well (:func:`host_keeps_freed_memory`); without it, it unfolds patches, which costs about
+  0.3x of a non-private CNN step more.  Speed only: both paths give the same per-example
+  gradients.
 
   The cost: up to ``top_pad_bytes`` of freed memory per ``malloc`` arena stays with the process
   (glibc makes at most 8 arenas per core); nothing is allocated in advance.
@@ -191,8 +199,8 @@ def keep_freed_host_memory(top_pad_bytes: int = 64 << 20) -> bool:
       to the largest C ``int``); default 64 MiB.
 
   Returns:
-    True where the C library is glibc and took the setting; False elsewhere (nothing changed,
-    and the conv rule keeps unfolding under a strategy).
+    True where the C library is glibc and took both settings; False elsewhere (the conv rule
+    then keeps unfolding under a strategy).
 
   Raises:
     ValueError: ``top_pad_bytes`` is not an integer in that range.
@@ -201,7 +209,10 @@ def keep_freed_host_memory(top_pad_bytes: int = 64 << 20) -> bool:
   top_pad_bytes = _checks.check_integer("top_pad_bytes", top_pad_bytes,
                                         minimum=MIN_TOP_PAD_BYTES, maximum=_MAX_C_INT)
   mallopt = _glibc_mallopt()
-  if mallopt is None or mallopt(-2, top_pad_bytes) != 1:  # -2: M_TOP_PAD in <malloc.h>
+  # -3 and -2 are M_MMAP_THRESHOLD and M_TOP_PAD in <malloc.h>; mallopt returns 1 on success.
+  if mallopt is None or mallopt(-3, _MMAP_THRESHOLD_BYTES) != 1:
+    return False
+  if mallopt(-2, top_pad_bytes) != 1:
     return False
   _top_pad_set_here = top_pad_bytes
   return True
