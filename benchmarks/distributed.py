@@ -14,9 +14,10 @@ milliseconds and their ratio.  The logical CPU devices of ``mirrored`` share the
 the ratio is what this measures, not a speed-up.  ``--inputs=constant`` feeds the same
 per-replica batches as constants made once (``experimental_distribute_values_from_function``)
 instead of a distributed ``tf.data`` iterator, to separate the cost of the input pipeline.
-``--keep_freed_host_memory`` calls ``tf_dpkit.distribute.keep_freed_host_memory()`` in every
-child before anything else (the CNN's first-layer op is then used under a strategy too).  The
-faults columns are the median minor page faults per step (``getrusage``).
+The children inherit the environment: started with ``MALLOC_TOP_PAD_=67108864`` (glibc keeps
+freed memory, ``tf_dpkit.distribute.host_keeps_freed_memory``) the CNN's first-layer op is used
+under a strategy too; the command line written to the results names it.  The faults columns
+are the median minor page faults per step (``getrusage``).
 """
 from __future__ import annotations
 
@@ -57,8 +58,6 @@ def _measure(config):
   sys.path.insert(0, HERE)
   import models as bench_models  # pylint: disable=g-import-not-at-top
   import tf_dpkit  # pylint: disable=g-import-not-at-top
-  if config.get("keep_freed") and not tf_dpkit.distribute.keep_freed_host_memory():
-    raise RuntimeError("keep_freed_host_memory: not glibc, nothing changed")
 
   batch = config["batch"]
   x, y = bench_models.batch_for(config["model"], batch)
@@ -137,12 +136,12 @@ def _result(proc):
   raise RuntimeError(f"benchmark child failed:\n{err[-3000:]}")
 
 
-def run(strategies, models, batch, reps, warmup, inputs="distributed", keep_freed=False):
+def run(strategies, models, batch, reps, warmup, inputs="distributed"):
   rows = []
   for model in models:
     for kind in strategies:
       config = {"strategy": kind, "model": model, "batch": batch, "reps": reps,
-                "warmup": warmup, "inputs": inputs, "keep_freed": keep_freed}
+                "warmup": warmup, "inputs": inputs}
       if kind == "multiworker2":
         from tf_dpkit.distribute import local_worker_addresses  # pylint: disable=g-import-not-at-top
         ports = [int(a.split(':')[1]) for a in local_worker_addresses(2)]
@@ -170,8 +169,6 @@ def main():
                       help="distributed: batches from strategy.experimental_distribute_dataset "
                            "(what fit does); constant: the same per-replica batches made once "
                            "as constants (no input pipeline).")
-  parser.add_argument("--keep_freed_host_memory", action="store_true",
-                      help="Call tf_dpkit.distribute.keep_freed_host_memory() in every child.")
   parser.add_argument("--out", default=os.path.join(HERE, "results", "distributed.md"))
   args = parser.parse_args()
   if args.child:
@@ -182,13 +179,14 @@ def main():
   if unknown:
     parser.error(f"--strategies: unknown {unknown}; choose from {list(STRATEGIES)}")
   rows = run(strategies, args.models.split(","), args.batch, args.reps, args.warmup,
-             args.inputs, args.keep_freed_host_memory)
+             args.inputs)
   lines = [
       "# DP step time / non-private step time under each tf.distribute strategy", "",
-      f"Command: `python benchmarks/distributed.py --strategies={','.join(strategies)} "
+      "Command: `" + (f"MALLOC_TOP_PAD_={os.environ['MALLOC_TOP_PAD_']} "
+                      if os.environ.get("MALLOC_TOP_PAD_") else "") +
+      f"python benchmarks/distributed.py --strategies={','.join(strategies)} "
       f"--models={args.models} --batch={args.batch} --reps={args.reps} "
-      f"--inputs={args.inputs}"
-      + (" --keep_freed_host_memory" if args.keep_freed_host_memory else "") + "`", "",
+      f"--inputs={args.inputs}`", "",
       f"Host: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; global "
       "batch as given; median ms of interleaved steps; mirrored2 = 2 logical CPU devices "
       "sharing the cores, multiworker2 = 2 local worker processes (worker 0's timing).", "",

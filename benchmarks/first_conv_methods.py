@@ -2,19 +2,19 @@
 ``tf.distribute`` strategy, against the non-private step (interleaved, same process).
 
     python benchmarks/first_conv_methods.py                 # none and one_device, 30 reps
-    python benchmarks/first_conv_methods.py --keep_freed_host_memory
+    MALLOC_TOP_PAD_=67108864 python benchmarks/first_conv_methods.py   # glibc keeps freed memory
 
 The conv rule forms the per-example kernel gradients of a convolution with fewer than 4 input
 channels either by unfolding patches (identity convolution + batched matmul) or, under oneDNN
 and up to ``conv._MAX_FILTER_BACKPROP_BATCH`` examples, by one depthwise filter-gradient op
 (under a strategy only where the process keeps freed memory,
-``tf_dpkit.distribute.keep_freed_host_memory``).  Here each DP column forces its method, under
+``tf_dpkit.distribute.host_keeps_freed_memory``: started with ``MALLOC_TOP_PAD_``).  Here each DP column forces its method, under
 a strategy too.  Each strategy runs in a fresh process that holds a live
 ``experimental_distribute_dataset`` iterator, as ``fit`` and ``benchmarks/distributed.py`` do;
 one DP model is traced per method.  Besides the median step time, the median number of minor
 page faults per step (``getrusage``: pages the process touched for the first time since they
 were mapped) is printed: memory returned to the system and taken again every step shows there.
-``--keep_freed_host_memory`` calls that function in every child first.
+The children inherit the environment (``MALLOC_TOP_PAD_`` included).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def _measure(kind, reps, keep_freed, batch=256):
+def _measure(kind, reps, batch=256):
   import resource  # pylint: disable=g-import-not-at-top
 
   import keras  # pylint: disable=g-import-not-at-top
@@ -39,8 +39,6 @@ def _measure(kind, reps, keep_freed, batch=256):
   import tf_dpkit  # pylint: disable=g-import-not-at-top
   from tf_dpkit import distribute  # pylint: disable=g-import-not-at-top
   from tf_dpkit.clipping.rules import conv  # pylint: disable=g-import-not-at-top
-  if keep_freed and not distribute.keep_freed_host_memory():
-    raise RuntimeError("keep_freed_host_memory: not glibc, nothing changed")
   kept = distribute.host_keeps_freed_memory
   strategy = (tf.distribute.OneDeviceStrategy("/cpu:0") if kind == "one_device"
               else tf.distribute.get_strategy())
@@ -99,14 +97,13 @@ def _measure(kind, reps, keep_freed, batch=256):
 
 def main():
   if len(sys.argv) > 1 and sys.argv[1] == "--child":
-    print("RESULT " + json.dumps(_measure(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1")),
+    print("RESULT " + json.dumps(_measure(sys.argv[2], int(sys.argv[3]))),
           flush=True)
     return
   import argparse  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--strategies", default="none,one_device")
   parser.add_argument("--reps", type=int, default=30)
-  parser.add_argument("--keep_freed_host_memory", action="store_true")
   args = parser.parse_args()
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
              PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -115,7 +112,7 @@ def main():
   print("|---|---:|---:|---:|")
   for kind in args.strategies.split(","):
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", kind,
-                          str(args.reps), str(int(args.keep_freed_host_memory))], capture_output=True, text=True, env=env, cwd=ROOT,
+                          str(args.reps)], capture_output=True, text=True, env=env, cwd=ROOT,
                          check=False)
     lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
     if not lines:

@@ -43,9 +43,9 @@ dataset is refused by DP models' ``fit`` under several replicas.
 Host memory on CPUs (speed only, never the result): under a strategy TensorFlow runs a step's
 kernels on its worker threads, whose glibc ``malloc`` arenas give large freed blocks back to the
 operating system, so a kernel that takes a large scratch buffer every step touches fresh pages
-every step.  :func:`keep_freed_host_memory` (opt-in, process-wide) lets every arena keep a pad of
-freed memory instead; :func:`host_keeps_freed_memory` says whether it or ``MALLOC_TOP_PAD_``
-has done so, and the conv rule then uses its faster first-layer op under a strategy too.
+every step.  Started with ``MALLOC_TOP_PAD_`` (e.g. ``MALLOC_TOP_PAD_=67108864``), every arena
+keeps a pad of freed memory instead; :func:`host_keeps_freed_memory` says so, and the conv rule
+then uses its faster first-layer op under a strategy too.
 """
 from __future__ import annotations
 
@@ -53,7 +53,6 @@ import os
 
 import tensorflow as tf
 
-from analysis import _checks
 
 _SUPPORTED = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy,
               tf.distribute.OneDeviceStrategy)
@@ -163,80 +162,30 @@ def local_worker_addresses(count: int) -> list:
 # strategy as without one: its scratch is about 64 KiB per example, at most
 # conv._MAX_FILTER_BACKPROP_BATCH (384) examples, i.e. 24 MiB.
 MIN_TOP_PAD_BYTES = 32 << 20
-_MAX_C_INT = 2**31 - 1
-_MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's largest on 64-bit hosts
-_top_pad_set_here = 0
-
-
-def keep_freed_host_memory(top_pad_bytes: int = 64 << 20) -> bool:
-  """Lets glibc's ``malloc`` keep up to ``top_pad_bytes`` of freed memory in every arena.
-
-  Calls, for the whole process, ``mallopt(M_MMAP_THRESHOLD, 32 MiB)`` (blocks below 32 MiB come
-  from the arenas, not from ``mmap``; 32 MiB is the largest value glibc accepts on 64-bit
-  hosts and the value its dynamic threshold would rise to) and then ``mallopt(M_TOP_PAD,
-  top_pad_bytes)`` (when an arena's top is trimmed, up to ``top_pad_bytes`` stay mapped, and an
-  arena grows by that much more than it needs).  Both are needed when arenas already exist:
-  setting ``M_TOP_PAD`` alone freezes glibc's dynamic mmap threshold at its current value, so an
-  existing thread's large blocks are then ``mmap``-ed and unmapped on every call.  Starting the
-  process with ``MALLOC_TOP_PAD_=top_pad_bytes`` in the environment works as well (every arena
-  is made with the pad).
-
-  Why: under a ``tf.distribute`` strategy on a CPU, the first convolution's per-example op
-  (oneDNN's depthwise filter gradient, used for inputs of 1-3 channels) runs on TensorFlow's
-  worker threads and takes a scratch buffer of about 64 KiB per example each step; glibc
-  returns it each time, so the next step faults in 16 fresh pages per example (measured: 4,097
-  minor faults and about twice the op's time at batch 256, none with this setting;
-  ``benchmarks/results/distributed.md``).  With it the conv rule uses that op under a strategy
-  as well (:func:`host_keeps_freed_memory`); without it, it unfolds patches, which costs about
-  0.3x of a non-private CNN step more.  Speed only: both paths give the same per-example
-  gradients.
-
-  The cost: up to ``top_pad_bytes`` of freed memory per ``malloc`` arena stays with the process
-  (glibc makes at most 8 arenas per core); nothing is allocated in advance.
-
-  Args:
-    top_pad_bytes: the pad in bytes, an integer in [32 MiB, 2**31 - 1] (``MIN_TOP_PAD_BYTES``
-      to the largest C ``int``); default 64 MiB.
-
-  Returns:
-    True where the C library is glibc and took both settings; False elsewhere (the conv rule
-    then keeps unfolding under a strategy).
-
-  Raises:
-    ValueError: ``top_pad_bytes`` is not an integer in that range.
-  """
-  global _top_pad_set_here
-  top_pad_bytes = _checks.check_integer("top_pad_bytes", top_pad_bytes,
-                                        minimum=MIN_TOP_PAD_BYTES, maximum=_MAX_C_INT)
-  mallopt = _glibc_mallopt()
-  # -3 and -2 are M_MMAP_THRESHOLD and M_TOP_PAD in <malloc.h>; mallopt returns 1 on success.
-  if mallopt is None or mallopt(-3, _MMAP_THRESHOLD_BYTES) != 1:
-    return False
-  if mallopt(-2, top_pad_bytes) != 1:
-    return False
-  _top_pad_set_here = top_pad_bytes
-  return True
 
 
 def host_keeps_freed_memory() -> bool:
-  """True if this process's glibc ``malloc`` keeps a top pad of at least ``MIN_TOP_PAD_BYTES``:
-  set by :func:`keep_freed_host_memory`, or by ``MALLOC_TOP_PAD_`` (decimal bytes) in the
-  environment the process started with."""
-  if _top_pad_set_here >= MIN_TOP_PAD_BYTES:
-    return True
-  value = os.environ.get("MALLOC_TOP_PAD_", "").strip()
-  return value.isdigit() and int(value) >= MIN_TOP_PAD_BYTES and _glibc_mallopt() is not None
+  """True if this process runs on glibc and was started with ``MALLOC_TOP_PAD_`` of at least
+  ``MIN_TOP_PAD_BYTES`` (32 MiB): every ``malloc`` arena then keeps that many bytes of freed
+  memory at its top instead of returning them to the operating system.  Only decimal digits are
+  read; any other spelling reads as False, the conservative answer (only speed depends on it).
 
+  Why it matters: under a ``tf.distribute`` strategy on a CPU, the first convolution's
+  per-example op (oneDNN's depthwise filter gradient, used for inputs of 1-3 channels) runs on
+  TensorFlow's worker threads and takes a scratch buffer of about 64 KiB per example each step;
+  glibc maps and unmaps it every step, so each step faults in 16 fresh pages per example
+  (measured at batch 256: 4,097 minor faults and about twice the op's time; none with
+  ``MALLOC_TOP_PAD_=67108864``; ``benchmarks/results/distributed.md``).  So under a strategy the
+  conv rule uses that op only when this returns True, else it unfolds patches (about 0.3x of a
+  non-private CNN step slower); both give the same per-example gradients.
 
-def _glibc_mallopt():
-  """glibc's ``mallopt`` (ctypes), or None where the C library is not glibc."""
-  import ctypes  # pylint: disable=g-import-not-at-top
+  Only the environment at start-up counts: the same setting made later with ``mallopt`` (after
+  TensorFlow has started its threads) was measured not to stop the faults, so tf_dpkit offers no
+  run-time switch.  The cost of the setting: up to the pad of freed memory per arena stays with
+  the process (glibc makes at most 8 arenas per core); nothing is allocated in advance.
+  """
+  value = os.environ.get("MALLOC_TOP_PAD_", "")
+  if not (value.isdigit() and int(value) >= MIN_TOP_PAD_BYTES):
+    return False
   import platform  # pylint: disable=g-import-not-at-top
-  if platform.libc_ver()[0] != "glibc":
-    return None
-  try:
-    mallopt = ctypes.CDLL("libc.so.6").mallopt
-  except (OSError, AttributeError):
-    return None
-  mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-  return mallopt
+  return platform.libc_ver()[0] == "glibc"

@@ -355,7 +355,8 @@ def test_first_conv_filter_backprop_op_under_a_strategy_only_where_freed_memory_
     under_strategy, keeps_freed_memory, expect_op, monkeypatch):
   # Under a strategy the depthwise filter-gradient op's per-step scratch is returned to the
   # system each step (twice the op's time), so there the first conv uses it only when the
-  # process keeps freed memory (tf_dpkit.distribute.keep_freed_host_memory), else it unfolds.
+  # process keeps freed memory (started with MALLOC_TOP_PAD_: host_keeps_freed_memory), else
+  # it unfolds.
   # Either way the norms are the brute-force ones and removing one example moves the clipped
   # sum by at most C (and by more than C/2: clipping binds).
   from tf_dpkit.clipping.rules import conv as conv_rule

@@ -53,8 +53,8 @@ def unfold_patches(x, kernel_hw, strides, dilations, padding):
 # small batches and loses at large ones.  Under a tf.distribute strategy it runs on TensorFlow's
 # worker threads, where glibc returns its per-step scratch (about 64 KiB per example) to the
 # system each step and the op takes twice as long; so under a strategy it is used only when the
-# process keeps freed memory (tf_dpkit.distribute.keep_freed_host_memory), else the unfolding
-# (benchmarks/first_conv_methods.py measures both, with page faults).
+# process keeps freed memory (tf_dpkit.distribute.host_keeps_freed_memory: MALLOC_TOP_PAD_),
+# else the unfolding (benchmarks/first_conv_methods.py measures both, with page faults).
 _MAX_FILTER_BACKPROP_BATCH = 384
 
 
