@@ -8,19 +8,30 @@ the first private gradient is computed, with an error naming it.
 Semantics, identical in distribution to single-device DP-SGD over the global batch:
 
 * each replica clips every example (microbatch) of its local batch once and sums: ``S_r``;
-* each replica adds independent noise ``N(0, sigma^2 C^2 / R I)`` (the replicas' noise seeds
-  differ by their replica id folded into the key) and divides by the *global* normaliser
-  ``n``: the expected global batch size ``qN`` (``expected_batch_size``), else the number of
-  microbatches of the global batch (summed across replicas);
+* each replica adds a noise term ``Z_r`` (the replicas' noise seeds differ by their replica id
+  folded into the key) and divides by the *global* normaliser ``n``: the expected global batch
+  size ``qN`` (``expected_batch_size``), else the number of microbatches of the global batch
+  (summed across replicas).  ``Z_r`` is, by :func:`noise_part`:
+  - replicas of one process (``MirroredStrategy``): ``N(0, sigma^2 C^2)`` on replica r's slice
+    of every variable (slice r of R consecutive slices of the flattened variable) and 0
+    elsewhere, so each replica draws 1/R of the normals;
+  - several workers (``MultiWorkerMirroredStrategy``): ``N(0, sigma^2 C^2 / R I)`` on every
+    element (a share);
 * the optimizer's update then sums the replicas' gradients (Keras all-reduces with SUM), giving
-  ``(sum_r S_r + sum_r Z_r) / n`` with ``sum_r Z_r ~ N(0, sigma^2 C^2 I)``: exactly one Gaussian
-  release of the global clipped sum per step, and every replica applies that same update.
+  ``(sum_r S_r + sum_r Z_r) / n`` with ``sum_r Z_r ~ N(0, sigma^2 C^2 I)`` either way (slices:
+  every element gets exactly one full draw; shares: R independent draws of variance 1/R each):
+  exactly one Gaussian release of the global clipped sum per step, and every replica applies
+  that same update.
 
-Why independent per-replica shares instead of one draw: a single draw would have to be made on
-one replica and broadcast (an extra collective per step, or equal keys on every replica, which
-would make replica r's share ``Z`` known to all); the shares need no communication beyond the
-gradient all-reduce Keras does anyway, and their sum has exactly the accounted distribution.
-The per-replica partial sums are never released, only their total.
+Why per-replica terms instead of one draw: a single draw would have to be made on one replica
+and broadcast (an extra collective per step, or equal keys on every replica, which would make
+replica r's term known to all); the terms need no communication beyond the gradient all-reduce
+Keras does anyway, and their sum has exactly the accounted distribution.  Why slices within a
+process and shares across workers: a slice leaves the replica's partial sum ``S_r`` without
+noise outside its slice, which is harmless where all partial sums live in one process's memory
+(as the clipped per-example gradients do), while the all-reduce across workers sends partial
+sums over the network, where a share keeps each worker's contribution noised (variance
+``sigma^2 C^2 / R``) against the other workers.  Only the total is released.
 
 Noise keys: the optimizer's key (secret unless ``seed`` is given) may be the same on every
 replica and worker (a variable made in the strategy's scope is mirrored, on several workers from
@@ -113,6 +124,22 @@ def replica_id():
   if context is None or context.num_replicas_in_sync == 1:
     return None
   return context.replica_id_in_sync_group
+
+
+def noise_part():
+  """How this replica's noise covers the variables (module doc): ``(replica_id, R)`` under a
+  ``MirroredStrategy`` with ``R > 1`` replicas (all in this process: replica ``replica_id``
+  draws full-variance noise on its slice, ``tf_dpkit.noise.add_gaussian_noise``'s ``part``);
+  None with one replica or under ``MultiWorkerMirroredStrategy`` (every replica draws a share
+  of variance ``1/R`` on every element)."""
+  context = tf.distribute.get_replica_context()
+  if context is None or context.num_replicas_in_sync == 1:
+    return None
+  strategy = tf.distribute.get_strategy()
+  if (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or
+      not isinstance(strategy, tf.distribute.MirroredStrategy)):
+    return None
+  return context.replica_id_in_sync_group, int(context.num_replicas_in_sync)
 
 
 def global_sum(value):

@@ -117,7 +117,8 @@ def as_secret(key) -> SecretInt:
 STREAM_UNCLIPPED_COUNT = 1
 
 
-def add_gaussian_noise(tensors, stddev, key, step, draw=0, replica=None, stream=None):
+def add_gaussian_noise(tensors, stddev, key, step, draw=0, replica=None, stream=None,
+                       part=None):
   """Returns ``[t + N(0, stddev^2 I) for t in tensors]`` with noise keyed by ``(key, step, draw)``.
 
   Args:
@@ -136,6 +137,13 @@ def add_gaussian_noise(tensors, stddev, key, step, draw=0, replica=None, stream=
     stream: None (the gradient sum), or a positive integer naming another quantity released
       at the same ``(key, step, draw)`` (e.g. ``STREAM_UNCLIPPED_COUNT``): folded into the seed
       last, so its noise is independent of the gradient sum's.
+    part: None (noise on every element), or ``(index, count)``: ``index`` an integer scalar in
+      ``[0, count)`` (Python int or tensor), ``count`` a Python int >= 1.  Each tensor's
+      flattened elements are cut into ``count`` consecutive slices of ``ceil(n / count)`` (the
+      last may be shorter or empty) and noise goes on slice ``index`` only, the rest unchanged.
+      With ``count`` callers that use ``index = 0 .. count-1`` (and different ``replica``), the
+      sum of their outputs carries exactly one ``N(0, stddev^2)`` draw per element: how
+      replicas of one process split the noise work (``tf_dpkit.distribute``).
   """
   if isinstance(stddev, (int, float)) and stddev == 0:
     return list(tensors)
@@ -155,11 +163,34 @@ def add_gaussian_noise(tensors, stddev, key, step, draw=0, replica=None, stream=
       seed = tf.random.experimental.stateless_fold_in(base_seed, tf.constant(index, tf.int64))
       # A static shape lets the generator run without waiting for the gradient to exist.
       shape = tensor.shape if tensor.shape.is_fully_defined() else tf.shape(tensor)
-      noise = stateless_standard_normal(shape, seed, tensor.dtype)
+      if part is None:
+        noise = stateless_standard_normal(shape, seed, tensor.dtype)
+      else:
+        noise = _noise_on_slice(shape, seed, tensor.dtype, *part)
       scale = (tf.constant(stddev, dtype=tensor.dtype) if isinstance(stddev, numbers.Real)
                else tf.cast(stddev, tensor.dtype))
       noised.append(tensor + scale * noise)
   return noised
+
+
+def _noise_on_slice(shape, seed, dtype, index, count):
+  """Standard normals on slice ``index`` of ``count`` of the flattened ``shape`` (slices of
+  ``ceil(n / count)`` consecutive elements), zeros elsewhere (``add_gaussian_noise``'s
+  ``part``).  Draws one slice's worth of normals, not ``n``."""
+  if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+    raise ValueError(f"part's count must be an int >= 1, got {count!r}.")
+  if isinstance(shape, tf.TensorShape):
+    size = shape.num_elements()
+    chunk = -(-size // count)
+    draws = stateless_standard_normal(tf.TensorShape([chunk]), seed, dtype)
+  else:
+    size = tf.reduce_prod(tf.cast(shape, tf.int64))
+    chunk = (size + count - 1) // count
+    draws = stateless_standard_normal(tf.reshape(chunk, [1]), seed, dtype)
+  before = tf.cast(index, tf.int64) * chunk
+  after = count * chunk - before - chunk
+  padded = tf.pad(draws, tf.reshape(tf.stack([before, after]), [1, 2]))
+  return tf.reshape(padded[:size], shape)
 
 
 def stateless_standard_normal(shape, seed, dtype=tf.float32):

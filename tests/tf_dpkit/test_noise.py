@@ -131,3 +131,39 @@ def test_add_gaussian_noise_streams_fold_in_64_bit_draw_and_variable_index():
     np.testing.assert_array_equal(got.numpy(), want.numpy())
   other_draw = noise.add_gaussian_noise(zeros, 1.0, key=key, step=step, draw=draw + 1)
   assert not np.allclose(out[0].numpy(), other_draw[0].numpy())
+
+
+@pytest.mark.parametrize("shape, count", [((5, 3), 2), ((5, 3), 3), ((7,), 4), ((2,), 5),
+                                          ((300, 40), 2)])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_noise_parts_cover_every_element_once_with_the_full_variance(shape, count, dynamic):
+  # add_gaussian_noise(part=(r, R)) puts N(0, s^2) on slice r of the flattened tensor (slices of
+  # ceil(n / R)) and nothing elsewhere: over r = 0..R-1 (different replica ids, as the
+  # replicas of one process call it) every element gets exactly one draw.
+  n, s = int(np.prod(shape)), 0.7
+  key = noise.as_secret(11)
+  key.tensor()
+  if dynamic:
+    fn = tf.function(lambda x, r: noise.add_gaussian_noise([x], s, key, 3, 0, r, part=(r, count)),
+                     input_signature=[tf.TensorSpec([None] + list(shape[1:])),
+                                      tf.TensorSpec([], tf.int32)])
+  else:
+    fn = lambda x, r: noise.add_gaussian_noise([x], s, key, 3, 0, r, part=(r, count))
+  parts = np.stack([fn(tf.zeros(shape), tf.constant(r))[0].numpy().ravel() for r in range(count)])
+  chunk = -(-n // count)
+  for r in range(count):
+    support = np.zeros(n, bool)
+    support[r * chunk:(r + 1) * chunk] = True
+    assert np.all(parts[r, ~support] == 0)
+    assert np.all(parts[r, support] != 0)
+  assert np.all(np.count_nonzero(parts, axis=0) == 1)
+  assert parts[0].shape == (n,)
+  if n >= 10000:  # 12,000 draws: std's standard error 0.65%; tolerance 5% (7.7 of them)
+    assert np.std(parts.sum(axis=0)) == pytest.approx(s, rel=0.05)
+    assert stats.kstest(parts.sum(axis=0) / s, "norm").pvalue > 1e-3
+
+
+def test_noise_part_count_must_be_a_positive_int():
+  for count in (0, 1.0, True):
+    with pytest.raises(ValueError, match=r"part's count must be an int >= 1, got"):
+      noise.add_gaussian_noise([tf.zeros([3])], 1.0, 1, 0, part=(0, count))

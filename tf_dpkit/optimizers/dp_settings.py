@@ -129,8 +129,10 @@ class DPSettings:
   def private_average(self, clipped_grads, realised_microbatches, step, noise_stddev=None):
     """Returns ``(sum_j clip(g_j) + N(0, (sigma C)^2 I)) / normalizer`` per variable.
 
-    Under a strategy with R replicas: this replica's share, ``(S_r + N(0, (sigma C)^2 / R I)) /
-    normalizer`` with the global normaliser; the shares sum to the above (tf_dpkit.distribute).
+    Under a strategy with R replicas: this replica's term, ``(S_r + Z_r) / normalizer`` with the
+    global normaliser, ``Z_r`` full-variance noise on replica r's slice of each variable
+    (MirroredStrategy) or ``N(0, (sigma C)^2 / R I)`` (several workers); the terms sum to the
+    above (tf_dpkit.distribute).
 
     The noise is keyed by ``(noise_key, step, next_noise_draw())``: ``step`` (the optimizer's
     iteration count, or 0) makes runs resumed from a checkpoint with a fixed ``seed`` continue
@@ -146,13 +148,15 @@ class DPSettings:
     a scalar tensor; adaptive clipping passes ``z_Delta C_t``, see
     ``tf_dpkit.optimizers.adaptive_clipping``).
     """
-    # Under R replicas each adds an independent share of variance sigma^2 C^2 / R and divides
-    # by the global normaliser; the optimizer's all-reduce sums them (tf_dpkit.distribute).
-    replicas = distribute.num_replicas()
+    # Under R replicas each adds full-variance noise on its slice (one process) or a share of
+    # variance sigma^2 C^2 / R everywhere (several workers) and divides by the global
+    # normaliser; the optimizer's all-reduce sums them (tf_dpkit.distribute).
+    replicas, part = distribute.num_replicas(), distribute.noise_part()
     total = self.noise_stddev if noise_stddev is None else noise_stddev
-    stddev = total if replicas == 1 else total / math.sqrt(replicas)
+    stddev = total if replicas == 1 or part is not None else total / math.sqrt(replicas)
     noised = noise_lib.add_gaussian_noise(clipped_grads, stddev, self.noise_key, step,
-                                          self.next_noise_draw(), distribute.replica_id())
+                                          self.next_noise_draw(), distribute.replica_id(),
+                                          part=part)
     # float64 holds the expected batch size and any count exactly; cast once per dtype.
     normalizer = self.normalizer(realised_microbatches, tf.float64)
     return [None if g is None else g / tf.cast(normalizer, g.dtype) for g in noised]
