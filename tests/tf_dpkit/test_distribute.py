@@ -152,7 +152,7 @@ def test_augmentation_noise_is_one_gaussian_over_the_global_examples(replicas, s
   assert _noise_ratio(updates) == pytest.approx(1.0, abs=tolerance)
 
 
-@pytest.mark.parametrize("replicas", [2, pytest.param(4, marks=_SLOW)])
+@pytest.mark.parametrize("replicas", [pytest.param(2, marks=_SLOW), pytest.param(4, marks=_SLOW)])
 def test_augmentation_without_noise_under_replicas_is_the_single_device_update(replicas):
   # K identical copies: each example's mean gradient is its gradient, so K = 4 under R replicas
   # must give the single-device update without augmentation (clipped once, summed over the
@@ -415,6 +415,7 @@ print("RESULT " + json.dumps(dict(keeps=distribute.host_keeps_freed_memory(), fa
 """
 
 
+@_SLOW
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's MALLOC_TOP_PAD_")
 def test_malloc_top_pad_stops_glibc_returning_a_freed_block_and_is_recognised():
   env = _env()
