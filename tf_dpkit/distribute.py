@@ -60,10 +60,11 @@ then uses its faster first-layer op under a strategy too.
 """
 from __future__ import annotations
 
+import math
 import os
+import platform
 
 import tensorflow as tf
-
 
 _SUPPORTED = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy,
               tf.distribute.OneDeviceStrategy)
@@ -142,6 +143,18 @@ def noise_part():
   return context.replica_id_in_sync_group, int(context.num_replicas_in_sync)
 
 
+def replica_noise(total_stddev):
+  """This replica's noise for ``tf_dpkit.noise.add_gaussian_noise``: ``(stddev, replica, part)``
+  such that the replicas' terms sum to one ``N(0, total_stddev^2)`` draw per element (module
+  doc).  One replica: ``(total_stddev, None, None)``; ``MirroredStrategy``: the full
+  ``total_stddev`` on this replica's slice (:func:`noise_part`); several workers: a share,
+  ``total_stddev / sqrt(R)`` on every element.  ``total_stddev``: a number or scalar tensor."""
+  replicas, part = num_replicas(), noise_part()
+  if replicas > 1 and part is None:
+    total_stddev = total_stddev / math.sqrt(replicas)
+  return total_stddev, replica_id(), part
+
+
 def global_sum(value):
   """Sum of ``value`` (a scalar tensor) over the replicas; ``value`` itself for one replica."""
   context = tf.distribute.get_replica_context()
@@ -214,5 +227,4 @@ def host_keeps_freed_memory() -> bool:
   value = os.environ.get("MALLOC_TOP_PAD_", "")
   if not (value.isdigit() and int(value) >= MIN_TOP_PAD_BYTES):
     return False
-  import platform  # pylint: disable=g-import-not-at-top
   return platform.libc_ver()[0] == "glibc"

@@ -377,7 +377,10 @@ def test_noise_key_reaches_no_file_under_a_strategy(strategy):
     assert found == ["control.bin"], found
 
 
-@pytest.mark.parametrize("strategy", ["mirrored", pytest.param("multiworker", marks=_SLOW)])
+# Both slow (the default run was at its 10-minute limit); resuming under a strategy stays in the
+# default run through test_backup_and_restore_resumes_the_ledger_under_a_strategy[mirrored].
+@pytest.mark.parametrize("strategy", [pytest.param("mirrored", marks=_SLOW),
+                                      pytest.param("multiworker", marks=_SLOW)])
 def test_ledger_resumes_through_a_keras_file_under_a_strategy(strategy):
   from dp_references import exact_gaussian_epsilon  # pylint: disable=g-import-not-at-top
   args = dict(mode="resume", steps=10, loss="mse")

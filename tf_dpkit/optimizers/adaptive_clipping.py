@@ -36,7 +36,6 @@ clip norms and ``l2_norm_clip`` / ``noise_multiplier`` schedules.
 """
 from __future__ import annotations
 
-import math
 
 import keras
 import tensorflow as tf
@@ -193,19 +192,20 @@ class AdaptiveClipState:
     1)``; ``C_{t+1} = C_t exp(-eta_C (b~ - gamma))``.  ``normalizer`` is ``n`` (a float32 scalar
     tensor).  Returns ``C_{t+1}``.
 
-    Under R replicas (``tf_dpkit.distribute``) each replica counts its own examples and adds an
-    independent share ``N(0, sigma_b^2 / R)`` (its replica id folded into the seed); the shares
-    are all-reduced, so every replica gets the one noisy count of the global batch, with noise
-    ``N(0, sigma_b^2)``, and assigns the same ``C_{t+1}``.
+    Under R replicas (``tf_dpkit.distribute.replica_noise``) each replica counts its own
+    examples and adds its noise term (its replica id folded into the seed: the whole
+    ``N(0, sigma_b^2)`` on one replica under MirroredStrategy, a share ``N(0, sigma_b^2 / R)``
+    on each across workers); the terms are all-reduced, so every replica gets the one noisy
+    count of the global batch, with noise ``N(0, sigma_b^2)``, and assigns the same ``C_{t+1}``.
     """
     clip = tf.cast(self.variable, tf.float32)
     norms = tf.cast(clipped.norms, tf.float32)
     recentred = (tf.reduce_sum(tf.cast(norms <= clip, tf.float32))
                  - 0.5 * tf.cast(tf.size(norms), tf.float32))
-    stddev = float(self.count_noise_stddev or 0) / math.sqrt(distribute.num_replicas())
+    stddev, replica, part = distribute.replica_noise(float(self.count_noise_stddev or 0))
     noisy = noise_lib.add_gaussian_noise(
         [recentred], stddev, dp_settings.noise_key, step, dp_settings.next_noise_draw(),
-        distribute.replica_id(), stream=noise_lib.STREAM_UNCLIPPED_COUNT)[0]
+        replica, stream=noise_lib.STREAM_UNCLIPPED_COUNT, part=part)[0]
     noisy = distribute.global_sum(noisy)  # the global batch's count, on every replica
     fraction = tf.clip_by_value(noisy / tf.cast(normalizer, tf.float32) + 0.5, 0.0, 1.0)
     new_clip = clip * tf.exp(-self.settings.learning_rate *

@@ -2,7 +2,6 @@
 that turns a clipped sum into the private average gradient."""
 from __future__ import annotations
 
-import math
 
 import tensorflow as tf
 
@@ -151,12 +150,10 @@ class DPSettings:
     # Under R replicas each adds full-variance noise on its slice (one process) or a share of
     # variance sigma^2 C^2 / R everywhere (several workers) and divides by the global
     # normaliser; the optimizer's all-reduce sums them (tf_dpkit.distribute).
-    replicas, part = distribute.num_replicas(), distribute.noise_part()
-    total = self.noise_stddev if noise_stddev is None else noise_stddev
-    stddev = total if replicas == 1 or part is not None else total / math.sqrt(replicas)
+    stddev, replica, part = distribute.replica_noise(
+        self.noise_stddev if noise_stddev is None else noise_stddev)
     noised = noise_lib.add_gaussian_noise(clipped_grads, stddev, self.noise_key, step,
-                                          self.next_noise_draw(), distribute.replica_id(),
-                                          part=part)
+                                          self.next_noise_draw(), replica, part=part)
     # float64 holds the expected batch size and any count exactly; cast once per dtype.
     normalizer = self.normalizer(realised_microbatches, tf.float64)
     return [None if g is None else g / tf.cast(normalizer, g.dtype) for g in noised]
