@@ -2,11 +2,12 @@
 ``tf.distribute`` strategy, against the non-private step (interleaved, same process).
 
     python benchmarks/first_conv_methods.py                 # none and one_device, 30 reps
+    python benchmarks/first_conv_methods.py --batch=1024 --chunk=128   # op calls of 128 examples
     MALLOC_TOP_PAD_=67108864 python benchmarks/first_conv_methods.py   # glibc keeps freed memory
 
 The conv rule forms the per-example kernel gradients of a convolution with fewer than 4 input
 channels either by unfolding patches (identity convolution + batched matmul) or, under oneDNN
-and up to ``conv._MAX_FILTER_BACKPROP_BATCH`` examples, by one depthwise filter-gradient op
+in calls of ``conv._FILTER_BACKPROP_CHUNK`` examples (``--chunk``), by the depthwise filter-gradient op
 (under a strategy only where the process keeps freed memory,
 ``tf_dpkit.distribute.host_keeps_freed_memory``: started with ``MALLOC_TOP_PAD_``).  Here each DP column forces its method, under
 a strategy too.  Each strategy runs in a fresh process that holds a live
@@ -28,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def _measure(kind, reps, batch=256):
+def _measure(kind, reps, batch, chunk):
   import resource  # pylint: disable=g-import-not-at-top
 
   import keras  # pylint: disable=g-import-not-at-top
@@ -48,7 +49,7 @@ def _measure(kind, reps, batch=256):
   per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
   steps = {}
   for method in ("non_private", "dp_unfold", "dp_filter_backprop"):
-    conv._MAX_FILTER_BACKPROP_BATCH = 768 if method == "dp_filter_backprop" else 0  # pylint: disable=protected-access
+    conv._FILTER_BACKPROP_CHUNK = chunk if method == "dp_filter_backprop" else 0  # pylint: disable=protected-access
     # Force the op under a strategy too (the rule asks this at trace time).
     distribute.host_keeps_freed_memory = (lambda: True) if method == "dp_filter_backprop" else kept
     keras.utils.set_random_seed(0)
@@ -97,13 +98,15 @@ def _measure(kind, reps, batch=256):
 
 def main():
   if len(sys.argv) > 1 and sys.argv[1] == "--child":
-    print("RESULT " + json.dumps(_measure(sys.argv[2], int(sys.argv[3]))),
+    print("RESULT " + json.dumps(_measure(sys.argv[2], *map(int, sys.argv[3:6]))),
           flush=True)
     return
   import argparse  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--strategies", default="none,one_device")
   parser.add_argument("--reps", type=int, default=30)
+  parser.add_argument("--batch", type=int, default=256)
+  parser.add_argument("--chunk", type=int, default=128, help="examples per op call")
   args = parser.parse_args()
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
              PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -112,7 +115,7 @@ def main():
   print("|---|---:|---:|---:|")
   for kind in args.strategies.split(","):
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", kind,
-                          str(args.reps)], capture_output=True, text=True, env=env, cwd=ROOT,
+                          str(args.reps), str(args.batch), str(args.chunk)], capture_output=True, text=True, env=env, cwd=ROOT,
                          check=False)
     lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
     if not lines:

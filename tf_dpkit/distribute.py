@@ -199,8 +199,9 @@ def local_worker_addresses(count: int) -> list:
 
 
 # The smallest glibc top pad (bytes) with which the conv rule's first-layer op is as fast under a
-# strategy as without one: its scratch is about 64 KiB per example, at most
-# conv._MAX_FILTER_BACKPROP_BATCH (384) examples, i.e. 24 MiB.
+# strategy as without one: its scratch is about 64 KiB per example for the MNIST CNN, for
+# conv._FILTER_BACKPROP_CHUNK (128) examples per call, i.e. 8 MiB; the pad leaves room for
+# larger kernels and more filters.
 MIN_TOP_PAD_BYTES = 32 << 20
 
 

@@ -71,17 +71,17 @@ def test_rule_matches_per_example_reference(name, make_layer, make_inputs, num_m
 CONV_CASES = [c for c in CASES if c[0].startswith("conv")]
 
 
-@pytest.mark.parametrize("onednn, max_batch", [(False, 768), (True, 768), (True, 2)])
+@pytest.mark.parametrize("onednn, chunk", [(False, 128), (True, 128), (True, 3)])
 @pytest.mark.parametrize("num_microbatches", [None, 2])
 @pytest.mark.parametrize("name, make_layer, make_inputs", CONV_CASES,
                          ids=[c[0] for c in CONV_CASES])
 def test_conv_rule_matches_reference_with_and_without_the_onednn_branch(
-    name, make_layer, make_inputs, num_microbatches, onednn, max_batch, monkeypatch):
-  # The per-example filter-gradient branch is taken only where oneDNN is on and the (static)
-  # batch is small; force each way so all are tested whatever CPU runs the tests.
+    name, make_layer, make_inputs, num_microbatches, onednn, chunk, monkeypatch):
+  # The per-example filter-gradient branch is taken only where oneDNN is on, in chunks of
+  # examples (3: uneven chunks); force each way so all are tested whatever CPU runs the tests.
   from tf_dpkit.clipping.rules import conv as layer_registry
   monkeypatch.setattr(layer_registry, "onednn_enabled", lambda: onednn)
-  monkeypatch.setattr(layer_registry, "_MAX_FILTER_BACKPROP_BATCH", max_batch)
+  monkeypatch.setattr(layer_registry, "_FILTER_BACKPROP_CHUNK", chunk)
   inputs = make_inputs()
   layer = _built(make_layer(), inputs)
   check_layer_rule(layer, inputs, num_microbatches=num_microbatches)
@@ -103,6 +103,37 @@ def test_per_example_conv_kernel_grads_match_a_per_example_loop(shape, kernel_hw
       z = tf.nn.conv2d(x[b:b + 1], kernel, strides=[1, *strides, 1], padding=padding)
     want = tape.gradient(z, kernel, output_gradients=g[b:b + 1]).numpy()
     np.testing.assert_allclose(got[b], want.reshape(-1, 4), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [0, 1, 5])
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 8])
+def test_chunked_per_example_conv_kernel_grads_equal_one_call(batch, chunk):
+  # Chunks change no value, whether the batch size is known while tracing (separate ops) or
+  # not (zero-padded loop); compared with a per-example loop of tape gradients.
+  from tf_dpkit.clipping.rules.conv import per_example_conv_kernel_grads_in_chunks
+  x = _x(batch, 9, 9, 2)
+  kernel = tf.Variable(_x(3, 3, 2, 4))
+  g = tf.constant(RNG.normal(size=(batch, 5, 5, 4)).astype(np.float32))
+  want = np.zeros((batch, 18, 4), np.float32)
+  for b in range(batch):
+    with tf.GradientTape() as tape:
+      z = tf.nn.conv2d(x[b:b + 1], kernel, strides=[1, 2, 2, 1], padding="SAME")
+    want[b] = tape.gradient(z, kernel, output_gradients=g[b:b + 1]).numpy().reshape(18, 4)
+  static = per_example_conv_kernel_grads_in_chunks(x, g, (3, 3), [2, 2], "SAME", chunk)
+  dynamic = tf.function(
+      lambda x, g: per_example_conv_kernel_grads_in_chunks(x, g, (3, 3), [2, 2], "SAME", chunk),
+      input_signature=[tf.TensorSpec([None, 9, 9, 2]), tf.TensorSpec([None, 5, 5, 4])])(x, g)
+  for got in (static, dynamic):
+    assert got.shape == (batch, 18, 4)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [0, -1, 2.0, True, None])
+def test_chunked_per_example_conv_kernel_grads_refuse_a_bad_chunk(chunk):
+  from tf_dpkit.clipping.rules.conv import per_example_conv_kernel_grads_in_chunks
+  with pytest.raises(ValueError, match=r"chunk must be a positive int, got"):
+    per_example_conv_kernel_grads_in_chunks(_x(2, 5, 5, 1), _x(2, 3, 3, 2), (3, 3), [2, 2],
+                                            "SAME", chunk)
 
 
 def test_per_example_conv_kernel_grads_refuses_unequal_strides():
@@ -163,16 +194,16 @@ def test_fast_path_matches_vectorized_on_mnist_cnn(num_microbatches):
   _compare_fast_and_vectorized(model, x, y, XENT, num_microbatches)
 
 
-@pytest.mark.parametrize("max_batch", [2, 100])  # 8 examples: patches branch, filter branch
+@pytest.mark.parametrize("onednn, chunk", [(False, 128), (True, 3), (True, 100)])
 @pytest.mark.parametrize("num_microbatches", [None, 4])
-def test_first_conv_onednn_branches_under_a_dynamic_batch(max_batch, num_microbatches,
+def test_first_conv_onednn_branches_under_a_dynamic_batch(onednn, chunk, num_microbatches,
                                                           monkeypatch):
-  # With oneDNN the first (1-channel) conv picks its per-example method by batch size, with a
-  # tf.cond when the batch dimension is unknown (Poisson batches): both branches must agree
-  # with the vectorized reference.
+  # With oneDNN the first (1-channel) conv forms per-example gradients with the filter-gradient
+  # op in chunks, in a loop when the batch dimension is unknown (Poisson batches; 8 examples in
+  # chunks of 3: a padded last chunk); without, it unfolds.  Each must agree with the references.
   from tf_dpkit.clipping.rules import conv as layer_registry
-  monkeypatch.setattr(layer_registry, "onednn_enabled", lambda: True)
-  monkeypatch.setattr(layer_registry, "_MAX_FILTER_BACKPROP_BATCH", max_batch)
+  monkeypatch.setattr(layer_registry, "onednn_enabled", lambda: onednn)
+  monkeypatch.setattr(layer_registry, "_FILTER_BACKPROP_CHUNK", chunk)
   model = keras.Sequential([
       keras.Input((12, 12, 1)), keras.layers.Conv2D(4, 5, strides=2, padding="same",
                                                     activation="relu"),
@@ -362,7 +393,7 @@ def test_first_conv_filter_backprop_op_under_a_strategy_only_where_freed_memory_
   from tf_dpkit.clipping.rules import conv as conv_rule
   from tf_dpkit.clipping.testing import removal_sensitivity
   monkeypatch.setattr(conv_rule, "onednn_enabled", lambda: True)
-  monkeypatch.setattr(conv_rule, "_MAX_FILTER_BACKPROP_BATCH", 384)
+  monkeypatch.setattr(conv_rule, "_FILTER_BACKPROP_CHUNK", 128)
   monkeypatch.setattr(conv_rule.distribute, "host_keeps_freed_memory", lambda: keeps_freed_memory)
   strategy = (tf.distribute.OneDeviceStrategy("/cpu:0") if under_strategy
               else tf.distribute.get_strategy())

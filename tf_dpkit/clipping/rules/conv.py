@@ -48,14 +48,16 @@ def unfold_patches(x, kernel_hw, strides, dilations, padding):
   return tf.reshape(patches, [tf.shape(x)[0], index.shape[0], kh * kw * channels])
 
 
-# Largest batch for which the first-layer branch below uses the depthwise filter-gradient op
-# (with oneDNN); 0 turns the branch off.  The op beats the identity-convolution unfolding for
-# small batches and loses at large ones.  Under a tf.distribute strategy it runs on TensorFlow's
-# worker threads, where glibc returns its per-step scratch (about 64 KiB per example) to the
-# system each step and the op takes twice as long; so under a strategy it is used only when the
-# process keeps freed memory (tf_dpkit.distribute.host_keeps_freed_memory: MALLOC_TOP_PAD_),
-# else the unfolding (benchmarks/first_conv_methods.py measures both, with page faults).
-_MAX_FILTER_BACKPROP_BATCH = 384
+# Examples per call of the depthwise filter-gradient op in the first-layer branch below (with
+# oneDNN); 0 turns the branch off.  The op's scratch grows with its batch (about 64 KiB per
+# example for the MNIST CNN's 8x8x16 kernel); glibc serves a block above its mmap threshold
+# (never above 32 MiB) with a fresh mapping whose pages fault in again at every call, so one call
+# over a batch of 1,024 took 31.7 ms and eight calls of 128 took 10.3 ms (the unfolding: 18.3 ms).
+# Under a tf.distribute strategy the op runs on TensorFlow's worker threads, where glibc returns
+# even small scratch to the system each step; there it is used only when the process keeps freed
+# memory (tf_dpkit.distribute.host_keeps_freed_memory: MALLOC_TOP_PAD_), else the unfolding
+# (benchmarks/first_conv_methods.py measures both, with page faults).
+_FILTER_BACKPROP_CHUNK = 128
 
 
 def onednn_enabled() -> bool:
@@ -99,6 +101,42 @@ def per_example_conv_kernel_grads(x, g, kernel_hw, strides, padding):
   return tf.reshape(grads, tf.stack([batch, kh * kw * channels, filters]))
 
 
+def per_example_conv_kernel_grads_in_chunks(x, g, kernel_hw, strides, padding, chunk):
+  """:func:`per_example_conv_kernel_grads` over consecutive chunks of at most ``chunk`` examples.
+
+  Example ``b``'s gradient depends on ``x[b]`` and ``g[b]`` only, so cutting the batch changes
+  no value; it bounds the op's scratch (see ``_FILTER_BACKPROP_CHUNK``).  With a batch size known
+  while tracing the chunks are separate ops; otherwise (Poisson batches) the batch is padded with
+  zero examples (zero gradients) to a multiple of ``chunk``, run chunk by chunk in a loop, and the
+  padding is cut off.
+
+  Args:
+    as :func:`per_example_conv_kernel_grads`, and ``chunk``: a positive int.
+  """
+  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+    raise ValueError(f"chunk must be a positive int, got {chunk!r}.")
+  grads = lambda a, b: per_example_conv_kernel_grads(a, b, kernel_hw, strides, padding)
+  batch = static(x.shape[0])
+  if batch is not None:
+    if batch <= chunk:
+      return grads(x, g)
+    sizes = [chunk] * (batch // chunk) + ([batch % chunk] if batch % chunk else [])
+    return tf.concat([grads(a, b) for a, b in zip(tf.split(x, sizes), tf.split(g, sizes))], 0)
+  batch = tf.shape(x)[0]
+  count = (batch + chunk - 1) // chunk
+
+  def in_chunks(t):
+    rest = tf.shape(t)[1:]
+    padded = tf.pad(t, tf.concat([[[0, count * chunk - batch]],
+                                  tf.zeros([tf.rank(t) - 1, 2], tf.int32)], 0))
+    return tf.reshape(padded, tf.concat([[count, chunk], rest], 0))
+
+  rows = int(kernel_hw[0]) * int(kernel_hw[1]) * static(x.shape[-1])
+  out = tf.map_fn(lambda pair: grads(pair[0], pair[1]), (in_chunks(x), in_chunks(g)),
+                  fn_output_signature=tf.TensorSpec([chunk, rows, static(g.shape[-1])], x.dtype))
+  return tf.reshape(out, [-1, rows, static(g.shape[-1])])[:batch]
+
+
 def _identity_kernel(kernel_size, channels, dtype):
   """Conv kernel whose output channel (i, j, c) copies input (i, j, c): unfolds patches."""
   size = 1
@@ -133,36 +171,23 @@ def conv_rule(layer, inputs):
   linear = LinearNorms(layer.use_bias)
 
   channels = static(x.shape[-1])
-  # Few input channels are unfolded by an identity convolution of cost B S (kh kw C)^2; the
-  # depthwise filter-gradient op can give the per-example gradients instead, with oneDNN and up
-  # to a batch of _MAX_FILTER_BACKPROP_BATCH; under a strategy only where freed memory is kept
-  # (see there).
+  # Few input channels are unfolded by an identity convolution of cost B S (kh kw C)^2; with
+  # oneDNN the depthwise filter-gradient op gives the per-example gradients instead, in chunks
+  # of _FILTER_BACKPROP_CHUNK examples; under a strategy only where freed memory is kept (see
+  # there).
   filter_backprop = (channels is not None and channels < 4 and dilations == [1, 1] and
-                     strides[0] == strides[1] and _MAX_FILTER_BACKPROP_BATCH > 0 and
+                     strides[0] == strides[1] and _FILTER_BACKPROP_CHUNK > 0 and
                      onednn_enabled() and (not tf.distribute.has_strategy() or
                                            distribute.host_keeps_freed_memory()))
 
   def squared_norms(g, num_groups):
     g_seq = as_sequence(g)
-    batch = static(x.shape[0])
-    if not filter_backprop or (batch is not None and batch > _MAX_FILTER_BACKPROP_BATCH):
+    if not filter_backprop:
       patches = unfold_patches(x, kernel.shape[:2], strides, dilations, padding)
       return linear.squared_norms(patches, g_seq, num_groups)
-
-    def via_filter_backprop():
-      grads = per_example_conv_kernel_grads(x, g, kernel.shape[:2], strides, padding)
-      return tf.reduce_sum(group_examples(grads[:, None], num_groups), axis=1)
-
-    def via_patches():
-      patches = unfold_patches(x, kernel.shape[:2], strides, dilations, padding)
-      return tf.matmul(group_examples(patches, num_groups), group_examples(g_seq, num_groups),
-                       transpose_a=True)
-
-    if batch is not None:
-      grads = via_filter_backprop()
-    else:  # Poisson batches: the size is known only when the step runs
-      grads = tf.cond(tf.shape(x)[0] <= _MAX_FILTER_BACKPROP_BATCH, via_filter_backprop,
-                      via_patches)
+    grads = per_example_conv_kernel_grads_in_chunks(x, g, kernel.shape[:2], strides, padding,
+                                                    _FILTER_BACKPROP_CHUNK)
+    grads = tf.reduce_sum(group_examples(grads[:, None], num_groups), axis=1)
     return linear.squared_norms_from_kernel_grads(grads, g_seq, num_groups)
   return LayerTrace(outputs, z, squared_norms,
                     lambda factors: linear.clipped_sum(factors, tf.shape(layer.kernel)))
