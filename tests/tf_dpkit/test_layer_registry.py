@@ -223,6 +223,12 @@ def test_first_conv_onednn_branches_under_a_dynamic_batch(onednn, chunk, num_mic
     np.testing.assert_allclose(norms.numpy(), expected_norms, rtol=2e-4)
     for a, b in zip(grads, expected):
       np.testing.assert_allclose(a.numpy(), b, rtol=2e-4, atol=2e-5)
+    # Removing any one example (8 -> 7 examples: other chunk boundaries) moves the clipped sum
+    # by at most C = 0.5, and by more than C/2: clipping binds for every example.
+    from tf_dpkit.clipping.testing import removal_sensitivity
+    assert np.min(expected_norms) > 0.5
+    moved = removal_sensitivity(lambda keep: fast(tf.gather(x, keep), tf.gather(y, keep))[1], 8)
+    assert 0.25 < moved <= 0.5 * (1 + 1e-5)
   else:
     def mb(inputs):
       xm, ym, wm = inputs
