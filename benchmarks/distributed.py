@@ -14,9 +14,11 @@ milliseconds and their ratio.  The logical CPU devices of ``mirrored`` share the
 the ratio is what this measures, not a speed-up.  ``--inputs=constant`` feeds the same
 per-replica batches as constants made once (``experimental_distribute_values_from_function``)
 instead of a distributed ``tf.data`` iterator, to separate the cost of the input pipeline.
-The children inherit the environment: started with ``MALLOC_TOP_PAD_=67108864`` (glibc keeps
-freed memory, ``tf_dpkit.distribute.host_keeps_freed_memory``) the CNN's first-layer op is used
-under a strategy too; the command line written to the results names it.  The faults columns
+Each child imports tf_dpkit before TensorFlow starts (as a training script does at the top), so
+the import sets glibc's top pad and the CNN's first-layer op is used under a strategy too
+(``tf_dpkit.distribute.host_keeps_freed_memory``); the children inherit the environment, so
+``TF_DPKIT_KEEP_FREED_MEMORY=0`` measures without the pad, and ``MALLOC_TOP_PAD_`` sets it from
+outside.  The command line written to the results names these variables.  The faults columns
 are the median minor page faults per step (``getrusage``).
 """
 from __future__ import annotations
@@ -43,6 +45,9 @@ def _measure(config):
 
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  # Imported before TensorFlow starts, as at the top of a training script: then the import sets
+  # glibc's top pad (tf_dpkit.distribute.keep_freed_host_memory_at_import).
+  import tf_dpkit  # pylint: disable=g-import-not-at-top
   kind = config["strategy"]
   if kind == "mirrored2":
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -57,7 +62,6 @@ def _measure(config):
   import keras  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, HERE)
   import models as bench_models  # pylint: disable=g-import-not-at-top
-  import tf_dpkit  # pylint: disable=g-import-not-at-top
 
   batch = config["batch"]
   x, y = bench_models.batch_for(config["model"], batch)
@@ -182,8 +186,8 @@ def main():
              args.inputs)
   lines = [
       "# DP step time / non-private step time under each tf.distribute strategy", "",
-      "Command: `" + (f"MALLOC_TOP_PAD_={os.environ['MALLOC_TOP_PAD_']} "
-                      if os.environ.get("MALLOC_TOP_PAD_") else "") +
+      "Command: `" + "".join(f"{name}={os.environ[name]} " for name in (
+          "MALLOC_TOP_PAD_", "TF_DPKIT_KEEP_FREED_MEMORY") if name in os.environ) +
       f"python benchmarks/distributed.py --strategies={','.join(strategies)} "
       f"--models={args.models} --batch={args.batch} --reps={args.reps} "
       f"--inputs={args.inputs}`", "",

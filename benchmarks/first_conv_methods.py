@@ -3,19 +3,20 @@
 
     python benchmarks/first_conv_methods.py                 # none and one_device, 30 reps
     python benchmarks/first_conv_methods.py --batch=1024 --chunk=128   # op calls of 128 examples
-    MALLOC_TOP_PAD_=67108864 python benchmarks/first_conv_methods.py   # glibc keeps freed memory
+    TF_DPKIT_KEEP_FREED_MEMORY=0 python benchmarks/first_conv_methods.py  # without glibc's pad
 
 The conv rule forms the per-example kernel gradients of a convolution with fewer than 4 input
-channels either by unfolding patches (identity convolution + batched matmul) or, under oneDNN
-in calls of ``conv._FILTER_BACKPROP_CHUNK`` examples (``--chunk``), by the depthwise filter-gradient op
-(under a strategy only where the process keeps freed memory,
-``tf_dpkit.distribute.host_keeps_freed_memory``: started with ``MALLOC_TOP_PAD_``).  Here each DP column forces its method, under
-a strategy too.  Each strategy runs in a fresh process that holds a live
-``experimental_distribute_dataset`` iterator, as ``fit`` and ``benchmarks/distributed.py`` do;
-one DP model is traced per method.  Besides the median step time, the median number of minor
-page faults per step (``getrusage``: pages the process touched for the first time since they
-were mapped) is printed: memory returned to the system and taken again every step shows there.
-The children inherit the environment (``MALLOC_TOP_PAD_`` included).
+channels either by unfolding patches (identity convolution + batched matmul) or, under oneDNN,
+in calls of ``conv._FILTER_BACKPROP_CHUNK`` examples (``--chunk``), by the depthwise
+filter-gradient op (under a strategy only where the process keeps freed memory,
+``tf_dpkit.distribute.host_keeps_freed_memory``).  Here each DP column forces its method, under
+a strategy too.  Each strategy runs in a fresh process that imports tf_dpkit before TensorFlow
+starts (so the import sets glibc's top pad unless ``TF_DPKIT_KEEP_FREED_MEMORY=0`` or a
+``MALLOC_*`` variable is set) and holds a live ``experimental_distribute_dataset`` iterator, as
+``fit`` and ``benchmarks/distributed.py`` do; one DP model is traced per method.  Besides the
+median step time, the median number of minor page faults per step (``getrusage``: pages the
+process touched for the first time since they were mapped) is printed: memory returned to the
+system and taken again every step shows there.  The children inherit the environment.
 """
 from __future__ import annotations
 

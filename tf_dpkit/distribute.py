@@ -54,12 +54,16 @@ dataset is refused by DP models' ``fit`` under several replicas.
 Host memory on CPUs (speed only, never the result): under a strategy TensorFlow runs a step's
 kernels on its worker threads, whose glibc ``malloc`` arenas give large freed blocks back to the
 operating system, so a kernel that takes a large scratch buffer every step touches fresh pages
-every step.  Started with ``MALLOC_TOP_PAD_`` (e.g. ``MALLOC_TOP_PAD_=67108864``), every arena
-keeps a pad of freed memory instead; :func:`host_keeps_freed_memory` says so, and the conv rule
-then uses its faster first-layer op under a strategy too.
+every step.  With a top pad every arena keeps that much freed memory instead.  Importing
+tf_dpkit sets a 64 MiB pad (:func:`keep_freed_host_memory_at_import`: glibc only, only before
+TensorFlow has started its threads, never over a ``MALLOC_*`` setting of the user's, and not
+with ``TF_DPKIT_KEEP_FREED_MEMORY=0``); starting the process with ``MALLOC_TOP_PAD_=67108864``
+does the same from outside.  :func:`host_keeps_freed_memory` says whether either holds, and the
+conv rule then uses its faster first-layer op under a strategy too.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import platform
@@ -203,29 +207,98 @@ def local_worker_addresses(count: int) -> list:
 # conv._FILTER_BACKPROP_CHUNK (128) examples per call, i.e. 8 MiB; the pad leaves room for
 # larger kernels and more filters.
 MIN_TOP_PAD_BYTES = 32 << 20
+# The pad set at import (what MALLOC_TOP_PAD_=67108864 sets at start-up).
+TOP_PAD_BYTES = 64 << 20
+OPT_OUT_VARIABLE = "TF_DPKIT_KEEP_FREED_MEMORY"
+_M_TOP_PAD = -2  # glibc's mallopt parameter number (malloc.h)
+_pad_set_at_import = False
+
+
+def _tensorflow_started() -> bool:
+  """Whether TensorFlow's eager context (and with it its thread pools) exists; True when
+  TensorFlow cannot say, the conservative answer."""
+  try:
+    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+    ctx = context.context_safe()
+    return ctx is not None and ctx._context_handle is not None  # pylint: disable=protected-access
+  except (ImportError, AttributeError):
+    return True
+
+
+def keep_freed_host_memory_at_import() -> bool:
+  """Sets glibc's top pad to ``TOP_PAD_BYTES`` (64 MiB) with ``mallopt(M_TOP_PAD)`` if that can
+  take effect; returns whether it did.  ``import tf_dpkit`` calls it once.
+
+  It does nothing (and returns False) unless all of these hold: the C library is glibc;
+  ``TF_DPKIT_KEEP_FREED_MEMORY`` is not ``"0"``; the user set none of glibc's ``MALLOC_TOP_PAD_``,
+  ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` or the ``GLIBC_TUNABLES`` variable (their
+  choice stands); and TensorFlow has not started its eager context.  The last condition is
+  measured, not cautious: the same ``mallopt`` made after TensorFlow's threads exist left the
+  conv op's faults in place (4,097 per step at batch 256), made after ``import tensorflow`` but
+  before the first op or strategy it removed them (``benchmarks/first_conv_methods.py``).
+
+  Effect on the process: every ``malloc`` arena keeps up to 64 MiB of freed memory at its top
+  instead of returning it to the operating system (glibc makes at most 8 arenas per core), and
+  glibc's mmap threshold stays at its default (128 KiB) instead of adapting, exactly as with
+  ``MALLOC_TOP_PAD_=67108864`` at start-up.  Nothing is allocated in advance.
+  """
+  global _pad_set_at_import
+  if _pad_set_at_import:
+    return True
+  user_set = any(name in os.environ for name in (
+      "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"))
+  if (os.environ.get(OPT_OUT_VARIABLE) == "0" or user_set or
+      platform.libc_ver()[0] != "glibc" or _tensorflow_started()):
+    return False
+  try:
+    import ctypes  # pylint: disable=g-import-not-at-top
+    libc = ctypes.CDLL(None)
+    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    _pad_set_at_import = libc.mallopt(_M_TOP_PAD, TOP_PAD_BYTES) == 1
+  except (OSError, AttributeError):
+    _pad_set_at_import = False
+  return _pad_set_at_import
+
+
+_fallback_reported = False
+
+
+def report_freed_memory_fallback(what: str) -> None:
+  """Logs once per process (``logging`` logger ``tf_dpkit``, level WARNING) that ``what`` takes
+  a slower path under a strategy because :func:`host_keeps_freed_memory` is False, and how to
+  avoid it.  Speed only: both paths give the same values."""
+  global _fallback_reported
+  if _fallback_reported:
+    return
+  _fallback_reported = True
+  logging.getLogger("tf_dpkit").warning(
+      "tf_dpkit: under this tf.distribute strategy %s take a slower path (same values): glibc "
+      "returns freed host memory to the system each step because tf_dpkit was imported after "
+      "TensorFlow had started (or %s=0, or a MALLOC_* setting of yours). Import tf_dpkit "
+      "before running TensorFlow ops or creating the strategy, or start the process with "
+      "MALLOC_TOP_PAD_=67108864.", what, OPT_OUT_VARIABLE)
 
 
 def host_keeps_freed_memory() -> bool:
-  """True if this process runs on glibc and was started with ``MALLOC_TOP_PAD_`` of at least
-  ``MIN_TOP_PAD_BYTES`` (32 MiB): every ``malloc`` arena then keeps that many bytes of freed
-  memory at its top instead of returning them to the operating system.  Only decimal digits are
-  read; any other spelling reads as False, the conservative answer (only speed depends on it).
+  """True if every glibc ``malloc`` arena of this process keeps at least ``MIN_TOP_PAD_BYTES``
+  (32 MiB) of freed memory at its top instead of returning it to the operating system: set by
+  ``import tf_dpkit`` (:func:`keep_freed_host_memory_at_import`), or the process was started
+  with ``MALLOC_TOP_PAD_`` of at least that many bytes (decimal digits only; any other spelling
+  reads as False, the conservative answer: only speed depends on it).  False on other C
+  libraries.
 
   Why it matters: under a ``tf.distribute`` strategy on a CPU, the first convolution's
   per-example op (oneDNN's depthwise filter gradient, used for inputs of 1-3 channels) runs on
   TensorFlow's worker threads and takes a scratch buffer of about 64 KiB per example each step;
-  glibc maps and unmaps it every step, so each step faults in 16 fresh pages per example
-  (measured at batch 256: 4,097 minor faults and about twice the op's time; none with
-  ``MALLOC_TOP_PAD_=67108864``; ``benchmarks/results/distributed.md``).  So under a strategy the
-  conv rule uses that op only when this returns True, else it unfolds patches (about 0.3x of a
-  non-private CNN step slower); both give the same per-example gradients.
-
-  Only the environment at start-up counts: the same setting made later with ``mallopt`` (after
-  TensorFlow has started its threads) was measured not to stop the faults, so tf_dpkit offers no
-  run-time switch.  The cost of the setting: up to the pad of freed memory per arena stays with
-  the process (glibc makes at most 8 arenas per core); nothing is allocated in advance.
+  without the pad glibc maps and unmaps it every step, so each step faults in 16 fresh pages per
+  example (measured at batch 256: 4,097 minor faults and about twice the op's time; none with
+  the pad; ``benchmarks/results/distributed.md``).  So under a strategy the conv rule uses that
+  op only when this returns True, else it unfolds patches (about 0.3x of a non-private CNN step
+  slower); both give the same per-example gradients.
   """
-  value = os.environ.get("MALLOC_TOP_PAD_", "")
-  if not (value.isdigit() and int(value) >= MIN_TOP_PAD_BYTES):
+  if platform.libc_ver()[0] != "glibc":
     return False
-  return platform.libc_ver()[0] == "glibc"
+  if _pad_set_at_import:
+    return True
+  value = os.environ.get("MALLOC_TOP_PAD_", "")
+  return value.isdigit() and int(value) >= MIN_TOP_PAD_BYTES

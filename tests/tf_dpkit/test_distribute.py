@@ -393,12 +393,17 @@ def test_ledger_resumes_through_a_keras_file_under_a_strategy(strategy):
                                               rel=1e-9)
 
 
-# What MALLOC_TOP_PAD_ does, checked on glibc itself: a 16 MiB malloc/touch/free cycle repeated
-# on a thread.  Without the pad glibc faults the block's 4,096 pages in again on the second pass
-# (measured [4097, 4096, 0, 0]); started with MALLOC_TOP_PAD_=64 MiB, never after the first
-# ([4096, 0, 0, 0]).  host_keeps_freed_memory() must say which.
+# What the glibc top pad does, checked on glibc itself: a 16 MiB malloc/touch/free cycle
+# repeated on a thread.  Without the pad glibc faults the block's 4,096 pages in again on the
+# second pass (measured [4097, 4096, 0, 0]); with a 64 MiB pad, never after the first
+# ([4096, 0, 0, 0]).  The pad comes from `import tf_dpkit` (before TensorFlow starts) or from
+# MALLOC_TOP_PAD_ at start-up; host_keeps_freed_memory() must say which processes have it.
 _MALLOC_PROBE = r"""
-import ctypes, json, resource, threading
+import ctypes, json, os, resource, sys, threading
+if os.environ.get("PROBE_START_TENSORFLOW_FIRST"):
+  import tensorflow as tf
+  tf.constant(1.0) + 1.0  # the eager context and its threads exist before tf_dpkit is imported
+import tf_dpkit
 from tf_dpkit import distribute
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
@@ -414,24 +419,78 @@ def cycle():
 thread = threading.Thread(target=cycle)
 thread.start()
 thread.join()
-print("RESULT " + json.dumps(dict(keeps=distribute.host_keeps_freed_memory(), faults=faults)))
+print("RESULT " + json.dumps(dict(keeps=distribute.host_keeps_freed_memory(),
+                                  set_at_import=distribute._pad_set_at_import, faults=faults)))
 """
 
 
 @_SLOW
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's MALLOC_TOP_PAD_")
-def test_malloc_top_pad_stops_glibc_returning_a_freed_block_and_is_recognised():
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_the_import_time_pad_stops_glibc_returning_a_freed_block_and_is_recognised():
   env = _env()
-  env.pop("MALLOC_TOP_PAD_", None)
-  envs = {"default": env, "padded": dict(env, MALLOC_TOP_PAD_=str(64 << 20))}
+  for name in ("MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+               "GLIBC_TUNABLES", "TF_DPKIT_KEEP_FREED_MEMORY"):
+    env.pop(name, None)
+  envs = {"imported": env, "opted_out": dict(env, TF_DPKIT_KEEP_FREED_MEMORY="0"),
+          "too_late": dict(env, PROBE_START_TENSORFLOW_FIRST="1"),
+          "environment": dict(env, TF_DPKIT_KEEP_FREED_MEMORY="0", MALLOC_TOP_PAD_=str(64 << 20))}
   procs = {name: subprocess.Popen([sys.executable, "-c", _MALLOC_PROBE], stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, env=run_env, cwd=ROOT)
            for name, run_env in envs.items()}
   results = {name: _parse(proc.communicate(timeout=300)[0]) for name, proc in procs.items()}
   pages = (16 << 20) // resource.getpagesize()
-  assert results["default"]["keeps"] is False and results["padded"]["keeps"] is True
-  assert results["default"]["faults"][1] >= 0.9 * pages  # the block is faulted in again
-  assert max(results["padded"]["faults"][1:]) <= 0.01 * pages  # kept: never faulted in again
+  for name, kept in [("imported", True), ("opted_out", False), ("too_late", False),
+                     ("environment", True)]:
+    assert results[name]["keeps"] is kept, name
+    if kept:
+      assert max(results[name]["faults"][1:]) <= 0.01 * pages, name  # never faulted in again
+    else:
+      assert results[name]["faults"][1] >= 0.9 * pages, name  # the block is faulted in again
+  assert results["imported"]["set_at_import"] is True
+  assert results["environment"]["set_at_import"] is False  # the user's setting stands
+
+
+@pytest.mark.parametrize("setting", ["opt_out", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_",
+                                     "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES", "started",
+                                     "musl"])
+def test_the_import_time_pad_is_not_set_where_it_should_not_be(setting, monkeypatch):
+  from tf_dpkit import distribute
+  monkeypatch.setattr(distribute, "_pad_set_at_import", False)
+  for name in ("MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+               "GLIBC_TUNABLES", distribute.OPT_OUT_VARIABLE):
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setattr(distribute, "_tensorflow_started", lambda: setting == "started")
+  if setting == "opt_out":
+    monkeypatch.setenv(distribute.OPT_OUT_VARIABLE, "0")
+  elif setting == "musl":
+    monkeypatch.setattr(distribute.platform, "libc_ver", lambda: ("", ""))
+  elif setting.startswith(("MALLOC", "GLIBC")):
+    monkeypatch.setenv(setting, "1")
+  assert distribute.keep_freed_host_memory_at_import() is False
+  assert distribute._pad_set_at_import is False  # pylint: disable=protected-access
+  assert distribute.host_keeps_freed_memory() is False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_the_import_time_pad_is_set_once_and_then_recognised(monkeypatch):
+  from tf_dpkit import distribute
+  monkeypatch.setattr(distribute, "_pad_set_at_import", False)
+  for name in ("MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+               "GLIBC_TUNABLES", distribute.OPT_OUT_VARIABLE):
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setattr(distribute, "_tensorflow_started", lambda: False)
+  assert distribute.host_keeps_freed_memory() is False
+  assert distribute.keep_freed_host_memory_at_import() is True  # mallopt(M_TOP_PAD, 64 MiB)
+  assert distribute.host_keeps_freed_memory() is True
+  monkeypatch.setattr(distribute, "_tensorflow_started", lambda: True)
+  assert distribute.keep_freed_host_memory_at_import() is True  # already set: stays set
+
+
+def test_tensorflow_started_is_true_in_a_process_that_ran_an_op():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tf_dpkit import distribute
+  tf.constant(1.0) + 1.0
+  assert distribute._tensorflow_started() is True  # pylint: disable=protected-access
 
 
 @pytest.mark.parametrize("value, keeps", [("", False), ("33554432", True), ("67108864", True),
@@ -440,5 +499,6 @@ def test_malloc_top_pad_stops_glibc_returning_a_freed_block_and_is_recognised():
 def test_host_keeps_freed_memory_reads_malloc_top_pad_from_the_environment(value, keeps,
                                                                            monkeypatch):
   from tf_dpkit import distribute
+  monkeypatch.setattr(distribute, "_pad_set_at_import", False)  # only the environment counts
   monkeypatch.setenv("MALLOC_TOP_PAD_", value)
   assert distribute.host_keeps_freed_memory() is (keeps and sys.platform.startswith("linux"))

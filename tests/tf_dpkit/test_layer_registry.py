@@ -389,7 +389,7 @@ def test_scalar_loss_is_refused_with_the_fix(method):
 @pytest.mark.parametrize("under_strategy, keeps_freed_memory, expect_op", [
     (False, False, True), (True, False, False), (True, True, True)])
 def test_first_conv_filter_backprop_op_under_a_strategy_only_where_freed_memory_is_kept(
-    under_strategy, keeps_freed_memory, expect_op, monkeypatch):
+    under_strategy, keeps_freed_memory, expect_op, monkeypatch, caplog):
   # Under a strategy the depthwise filter-gradient op's per-step scratch is returned to the
   # system each step (twice the op's time), so there the first conv uses it only when the
   # process keeps freed memory (started with MALLOC_TOP_PAD_: host_keeps_freed_memory), else
@@ -401,6 +401,7 @@ def test_first_conv_filter_backprop_op_under_a_strategy_only_where_freed_memory_
   monkeypatch.setattr(conv_rule, "onednn_enabled", lambda: True)
   monkeypatch.setattr(conv_rule, "_FILTER_BACKPROP_CHUNK", 128)
   monkeypatch.setattr(conv_rule.distribute, "host_keeps_freed_memory", lambda: keeps_freed_memory)
+  monkeypatch.setattr(conv_rule.distribute, "_fallback_reported", False)
   strategy = (tf.distribute.OneDeviceStrategy("/cpu:0") if under_strategy
               else tf.distribute.get_strategy())
   with strategy.scope():
@@ -433,3 +434,8 @@ def test_first_conv_filter_backprop_op_under_a_strategy_only_where_freed_memory_
   for graph in graphs:
     uses_op = "DepthwiseConv2dNativeBackpropFilter" in {op.type for op in graph.get_operations()}
     assert uses_op is expect_op
+  # The slower path under a strategy is reported once per process (9 traces here), with the fix.
+  reports = [r for r in caplog.records if r.name == "tf_dpkit" and "slower path" in r.message]
+  assert len(reports) == (0 if expect_op else 1)
+  assert all("Import tf_dpkit before" in r.getMessage() and "MALLOC_TOP_PAD_=67108864" in
+             r.getMessage() for r in reports)

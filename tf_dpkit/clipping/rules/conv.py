@@ -55,7 +55,8 @@ def unfold_patches(x, kernel_hw, strides, dilations, padding):
 # over a batch of 1,024 took 31.7 ms and eight calls of 128 took 10.3 ms (the unfolding: 18.3 ms).
 # Under a tf.distribute strategy the op runs on TensorFlow's worker threads, where glibc returns
 # even small scratch to the system each step; there it is used only when the process keeps freed
-# memory (tf_dpkit.distribute.host_keeps_freed_memory: MALLOC_TOP_PAD_), else the unfolding
+# memory (tf_dpkit.distribute.host_keeps_freed_memory: import tf_dpkit before TensorFlow starts,
+# or MALLOC_TOP_PAD_), else the unfolding
 # (benchmarks/first_conv_methods.py measures both, with page faults).
 _FILTER_BACKPROP_CHUNK = 128
 
@@ -175,10 +176,12 @@ def conv_rule(layer, inputs):
   # oneDNN the depthwise filter-gradient op gives the per-example gradients instead, in chunks
   # of _FILTER_BACKPROP_CHUNK examples; under a strategy only where freed memory is kept (see
   # there).
-  filter_backprop = (channels is not None and channels < 4 and dilations == [1, 1] and
-                     strides[0] == strides[1] and _FILTER_BACKPROP_CHUNK > 0 and
-                     onednn_enabled() and (not tf.distribute.has_strategy() or
-                                           distribute.host_keeps_freed_memory()))
+  eligible = (channels is not None and channels < 4 and dilations == [1, 1] and
+              strides[0] == strides[1] and _FILTER_BACKPROP_CHUNK > 0 and onednn_enabled())
+  filter_backprop = eligible and (not tf.distribute.has_strategy() or
+                                  distribute.host_keeps_freed_memory())
+  if eligible and not filter_backprop:
+    distribute.report_freed_memory_fallback(f"the per-example gradients of {layer.name!r}")
 
   def squared_norms(g, num_groups):
     g_seq = as_sequence(g)
