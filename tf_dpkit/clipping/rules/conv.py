@@ -1,6 +1,6 @@
-"""``Conv1D`` / ``Conv2D``: patches unfolded (or per-example kernel gradients from one
-depthwise filter-gradient op with few input channels under oneDNN, where enabled), then
-linear-map norms."""
+"""``Conv1D`` / ``Conv2D``: patches unfolded (or, with 1-3 input channels under oneDNN,
+per-example kernel gradients from the depthwise filter-gradient op run on chunks of examples),
+then linear-map norms."""
 from __future__ import annotations
 
 import keras
