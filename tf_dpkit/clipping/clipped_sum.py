@@ -114,7 +114,9 @@ def zero_rows(tensor, keep):
   if tensor is None:
     return None
   rows = tf.shape(tensor)[0]
-  keep = tf.repeat(keep, rows // tf.shape(keep)[0])
+  # max(M, 1): an empty batch (M = 0) must fail at the clear empty-batch assertion, which a
+  # graph may run after this op, not with an integer division by zero here.
+  keep = tf.repeat(keep, rows // tf.maximum(tf.shape(keep)[0], 1))
   keep = tf.reshape(keep, tf.concat([[rows], tf.ones([tf.rank(tensor) - 1], tf.int32)], 0))
   return tf.where(keep, tensor, tf.zeros_like(tensor))
 

@@ -321,7 +321,9 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
   # into microbatches) can fail with a less helpful error before they have run.
   with tf.control_dependencies(checks):
     x, y, sample_weight = tf.nest.map_structure(tf.identity, (x, y, sample_weight))
-  per_group = tf.cast(batch // groups, tf.float32)
+  # max(M, 1): an empty batch must fail at the checks above (which a graph may run later),
+  # not with an integer division by zero.
+  per_group = tf.cast(batch // tf.maximum(groups, 1), tf.float32)
   records = []
   variables_before = {id(v) for v in model.trainable_variables}
 
@@ -405,7 +407,7 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
     layer_vars = layer.trainable_variables
     layer_sums = trace.clipped_sum(factors) if trace.clipped_sum is not None else None
     if layer_sums is None:
-      example_factors = tf.repeat(factors, batch // groups)
+      example_factors = tf.repeat(factors, batch // tf.maximum(groups, 1))
       shape = tf.concat([[batch], tf.ones([tf.rank(g) - 1], tf.int32)], 0)
       weighted = g * tf.reshape(tf.cast(example_factors, g.dtype), shape)
       layer_sums = tape.gradient(trace.watched, layer_vars, output_gradients=weighted,
