@@ -50,7 +50,6 @@ def test_masked_recurrent_model_is_bounded_on_both_paths(method):
   assert 0.5 * C < sensitivity <= C * (1 + TOL)
 
 
-@pytest.mark.slow  # ~17 s; the bound on the same path stays in the default run (above)
 def test_masked_recurrent_fast_path_equals_per_example_reference():
   x, y = _token_batch(4)
   model = _masked_rnn()

@@ -152,7 +152,7 @@ def test_augmentation_noise_is_one_gaussian_over_the_global_examples(replicas, s
   assert _noise_ratio(updates) == pytest.approx(1.0, abs=tolerance)
 
 
-@pytest.mark.parametrize("replicas", [pytest.param(2, marks=_SLOW), pytest.param(4, marks=_SLOW)])
+@pytest.mark.parametrize("replicas", [2, pytest.param(4, marks=_SLOW)])
 def test_augmentation_without_noise_under_replicas_is_the_single_device_update(replicas):
   # K identical copies: each example's mean gradient is its gradient, so K = 4 under R replicas
   # must give the single-device update without augmentation (clipped once, summed over the
@@ -377,10 +377,7 @@ def test_noise_key_reaches_no_file_under_a_strategy(strategy):
     assert found == ["control.bin"], found
 
 
-# Both slow (the default run was at its 10-minute limit); resuming under a strategy stays in the
-# default run through test_backup_and_restore_resumes_the_ledger_under_a_strategy[mirrored].
-@pytest.mark.parametrize("strategy", [pytest.param("mirrored", marks=_SLOW),
-                                      pytest.param("multiworker", marks=_SLOW)])
+@pytest.mark.parametrize("strategy", ["mirrored", pytest.param("multiworker", marks=_SLOW)])
 def test_ledger_resumes_through_a_keras_file_under_a_strategy(strategy):
   from dp_references import exact_gaussian_epsilon  # pylint: disable=g-import-not-at-top
   args = dict(mode="resume", steps=10, loss="mse")
@@ -424,7 +421,6 @@ print("RESULT " + json.dumps(dict(keeps=distribute.host_keeps_freed_memory(),
 """
 
 
-@_SLOW
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_the_import_time_pad_stops_glibc_returning_a_freed_block_and_is_recognised():
   env = _env()

@@ -103,10 +103,7 @@ def test_train_to_a_budget_uses_the_whole_budget_for_its_pipeline(sampling):
 
 
 @pytest.mark.parametrize("strategy, sampling", [
-    pytest.param("mirrored", "shuffle", marks=pytest.mark.slow),
-    # 10-13 s each end to end: all slow (the default run was at its 10-minute limit); the
-    # mechanics are in tests/tf_dpkit/test_distribute.py's default cases.
-    pytest.param("multiworker", "shuffle", marks=pytest.mark.slow),
+    ("mirrored", "shuffle"), ("multiworker", "shuffle"),
     pytest.param("mirrored", "poisson", marks=pytest.mark.slow)])
 def test_distributed_tutorial_reports_the_single_device_epsilon(strategy, sampling):
   # Shuffled fixed batches: the exact Gaussian epsilon of EPOCHS epochs, whatever the replicas;
