@@ -210,8 +210,15 @@ MIN_TOP_PAD_BYTES = 32 << 20
 # The pad set at import (what MALLOC_TOP_PAD_=67108864 sets at start-up).
 TOP_PAD_BYTES = 64 << 20
 OPT_OUT_VARIABLE = "TF_DPKIT_KEEP_FREED_MEMORY"
+# glibc's own malloc settings: where the user set any, the import leaves malloc alone.
+USER_MALLOC_VARIABLES = ("MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+                         "GLIBC_TUNABLES")
 _M_TOP_PAD = -2  # glibc's mallopt parameter number (malloc.h)
 _pad_set_at_import = False
+
+
+def _on_glibc() -> bool:
+  return platform.libc_ver()[0] == "glibc"
 
 
 def _tensorflow_started() -> bool:
@@ -245,10 +252,9 @@ def keep_freed_host_memory_at_import() -> bool:
   global _pad_set_at_import
   if _pad_set_at_import:
     return True
-  user_set = any(name in os.environ for name in (
-      "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"))
-  if (os.environ.get(OPT_OUT_VARIABLE) == "0" or user_set or
-      platform.libc_ver()[0] != "glibc" or _tensorflow_started()):
+  user_set = any(name in os.environ for name in USER_MALLOC_VARIABLES)
+  if (os.environ.get(OPT_OUT_VARIABLE) == "0" or user_set or not _on_glibc() or
+      _tensorflow_started()):
     return False
   try:
     import ctypes  # pylint: disable=g-import-not-at-top
@@ -296,7 +302,7 @@ def host_keeps_freed_memory() -> bool:
   op only when this returns True, else it unfolds patches (about 0.3x of a non-private CNN step
   slower); both give the same per-example gradients.
   """
-  if platform.libc_ver()[0] != "glibc":
+  if not _on_glibc():
     return False
   if _pad_set_at_import:
     return True

@@ -423,9 +423,9 @@ print("RESULT " + json.dumps(dict(keeps=distribute.host_keeps_freed_memory(),
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_the_import_time_pad_stops_glibc_returning_a_freed_block_and_is_recognised():
+  from tf_dpkit import distribute  # pylint: disable=g-import-not-at-top
   env = _env()
-  for name in ("MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-               "GLIBC_TUNABLES", "TF_DPKIT_KEEP_FREED_MEMORY"):
+  for name in distribute.USER_MALLOC_VARIABLES + (distribute.OPT_OUT_VARIABLE,):
     env.pop(name, None)
   envs = {"imported": env, "opted_out": dict(env, TF_DPKIT_KEEP_FREED_MEMORY="0"),
           "too_late": dict(env, PROBE_START_TENSORFLOW_FIRST="1"),
@@ -452,8 +452,7 @@ def test_the_import_time_pad_stops_glibc_returning_a_freed_block_and_is_recognis
 def test_the_import_time_pad_is_not_set_where_it_should_not_be(setting, monkeypatch):
   from tf_dpkit import distribute
   monkeypatch.setattr(distribute, "_pad_set_at_import", False)
-  for name in ("MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-               "GLIBC_TUNABLES", distribute.OPT_OUT_VARIABLE):
+  for name in distribute.USER_MALLOC_VARIABLES + (distribute.OPT_OUT_VARIABLE,):
     monkeypatch.delenv(name, raising=False)
   monkeypatch.setattr(distribute, "_tensorflow_started", lambda: setting == "started")
   if setting == "opt_out":
@@ -471,8 +470,7 @@ def test_the_import_time_pad_is_not_set_where_it_should_not_be(setting, monkeypa
 def test_the_import_time_pad_is_set_once_and_then_recognised(monkeypatch):
   from tf_dpkit import distribute
   monkeypatch.setattr(distribute, "_pad_set_at_import", False)
-  for name in ("MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-               "GLIBC_TUNABLES", distribute.OPT_OUT_VARIABLE):
+  for name in distribute.USER_MALLOC_VARIABLES + (distribute.OPT_OUT_VARIABLE,):
     monkeypatch.delenv(name, raising=False)
   monkeypatch.setattr(distribute, "_tensorflow_started", lambda: False)
   assert distribute.host_keeps_freed_memory() is False

@@ -323,7 +323,8 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
     x, y, sample_weight = tf.nest.map_structure(tf.identity, (x, y, sample_weight))
   # max(M, 1): an empty batch must fail at the checks above (which a graph may run later),
   # not with an integer division by zero.
-  per_group = tf.cast(batch // tf.maximum(groups, 1), tf.float32)
+  group_size = batch // tf.maximum(groups, 1)  # examples per microbatch
+  per_group = tf.cast(group_size, tf.float32)
   records = []
   variables_before = {id(v) for v in model.trainable_variables}
 
@@ -407,7 +408,7 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
     layer_vars = layer.trainable_variables
     layer_sums = trace.clipped_sum(factors) if trace.clipped_sum is not None else None
     if layer_sums is None:
-      example_factors = tf.repeat(factors, batch // tf.maximum(groups, 1))
+      example_factors = tf.repeat(factors, group_size)
       shape = tf.concat([[batch], tf.ones([tf.rank(g) - 1], tf.int32)], 0)
       weighted = g * tf.reshape(tf.cast(example_factors, g.dtype), shape)
       layer_sums = tape.gradient(trace.watched, layer_vars, output_gradients=weighted,
