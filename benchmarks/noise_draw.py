@@ -8,7 +8,11 @@ under the ratio of a DP step to a non-private one.  Each candidate runs as its o
 ``tf.function`` on a seed read from a variable (so nothing is constant-folded), interleaved rep
 by rep; the table gives median milliseconds per draw.
 
-* ``tf_dpkit``: ``tf_dpkit.noise.stateless_standard_normal`` (Philox uniforms + Box-Muller);
+* ``tf_dpkit``: ``tf_dpkit.noise.stateless_standard_normal`` on the CPU: the compiled kernels
+  of ``tf_dpkit.native`` where they built (Philox uniforms + Box-Muller);
+* ``tf_dpkit_fused_add``: ``x + stddev * z`` in one pass, as ``add_gaussian_noise`` draws it;
+* ``tf_dpkit_tf_ops``: the same sampler written with TensorFlow ops (``tf_ops_standard_normal``,
+  what runs without the compiled kernels);
 * ``philox_uniforms_only``: the ``n`` float32 uniforms it starts from (TensorFlow's Philox
   kernel), i.e. the part no rewrite with TensorFlow ops can avoid;
 * ``box_muller_only``: the transform of ready uniforms;
@@ -37,7 +41,17 @@ def candidates(size, seed):
   ready = tf.random.uniform([2, half])
 
   def ours():
-    return noise.stateless_standard_normal(tf.TensorShape([size]), seed.read_value())
+    return noise.stateless_standard_normal(tf.TensorShape([size]), seed.read_value(),
+                                           device="/CPU:0")
+
+  def tf_ops():
+    return noise.tf_ops_standard_normal(tf.TensorShape([size]), seed.read_value())
+
+  gradient = tf.zeros([size])
+  key = noise.fresh_key(1)
+
+  def fused_add():
+    return noise.add_gaussian_noise([tf.identity(gradient)], 1.0, key, seed.read_value()[0])[0]
 
   def uniforms():
     return tf.random.stateless_uniform([2, half], seed=seed.read_value())
@@ -50,16 +64,18 @@ def candidates(size, seed):
   def tf_kernel():
     return tf.random.stateless_normal([size], seed=seed.read_value())
 
-  return {"tf_dpkit": tf.function(ours), "philox_uniforms_only": tf.function(uniforms),
+  return {"tf_dpkit": tf.function(ours), "tf_dpkit_fused_add": tf.function(fused_add),
+          "tf_dpkit_tf_ops": tf.function(tf_ops), "philox_uniforms_only": tf.function(uniforms),
           "box_muller_only": tf.function(transform), "tf_stateless_normal": tf.function(tf_kernel),
-          "tf_dpkit_xla": tf.function(ours, jit_compile=True)}
+          "tf_dpkit_xla": tf.function(tf_ops, jit_compile=True)}
 
 
 def main(argv):
   del argv
   seed = tf.Variable([3, 4], dtype=tf.int64)
-  print("| normals | " + " | ".join(candidates(2, seed)) + " |")
-  print("|---" * 6 + "|")
+  names = list(candidates(2, seed))
+  print("| normals | " + " | ".join(names) + " |")
+  print("|---" * (len(names) + 1) + "|")
   for size in map(int, FLAGS.sizes):
     fns = candidates(size, seed)
     for fn in fns.values():

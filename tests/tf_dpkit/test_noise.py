@@ -9,15 +9,22 @@ import pytest
 import tensorflow as tf
 from scipy import stats
 
-from tf_dpkit import noise
+from tf_dpkit import native, noise
 
 N = 1_000_001  # odd: the last Box-Muller pair is cut in half
 SEED = tf.constant([11, 7], tf.int64)
 
 
-@pytest.fixture(scope="module")
-def samples():
-  return noise.stateless_standard_normal(tf.TensorShape([N]), SEED).numpy().astype(np.float64)
+@pytest.fixture(scope="module", params=["compiled", "tf_ops"])
+def samples(request):
+  """Both samplers: the compiled CPU kernels (tf_dpkit.native) and the TensorFlow-op one."""
+  if request.param == "tf_ops":
+    drawn = noise.tf_ops_standard_normal(tf.TensorShape([N]), SEED)
+  else:
+    if native.noise_ops() is None:
+      pytest.skip(f"compiled noise kernels unavailable here: {native.status()}")
+    drawn = noise.stateless_standard_normal(tf.TensorShape([N]), SEED, device="/CPU:0")
+  return drawn.numpy().astype(np.float64)
 
 
 def test_samples_follow_the_standard_normal(samples):

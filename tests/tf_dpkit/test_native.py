@@ -1,0 +1,233 @@
+"""The compiled noise kernels (tf_dpkit.native) against independent references.
+
+References: TensorFlow's own Philox uniforms (``StatelessRandomUniformV2`` for the same key and
+counter) put through the Box-Muller transform in float64 numpy, and tf_dpkit's TensorFlow-op
+sampler.  Plus the fallbacks: switched off, no compiler, a library that fails its self-check,
+XLA, accelerators and dtypes the kernels do not take.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_dpkit import native, noise
+
+KERNELS = native.noise_ops()
+needs_kernels = pytest.mark.skipif(
+    KERNELS is None, reason=f"compiled noise kernels unavailable here: {native.status()}")
+
+# Output sizes around Philox blocks (4 uniforms), the kernel's chunks (1,024 pairs) and the
+# point where the work is split between threads.
+SIZES = [1, 2, 3, 4, 5, 8, 9, 2047, 2048, 2049, 2050, 4097, 100_001, 1_000_000]
+
+
+def numpy_box_muller(key, counter, size):
+  """float64 normals from TensorFlow's own uniforms for (key, counter): the reference."""
+  half = (size + 1) // 2
+  u = tf.raw_ops.StatelessRandomUniformV2(
+      shape=tf.constant([2 * half], tf.int64), key=key, counter=counter,
+      alg=tf.constant(1, tf.int32), dtype=tf.float32).numpy().astype(np.float64)
+  radius = np.sqrt(-2.0 * np.log1p(-u[:half]))
+  angle = 2.0 * np.pi * u[half:]
+  return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:size]
+
+
+def key_counter(seed):
+  return tf.raw_ops.StatelessRandomGetKeyCounter(seed=tf.constant(seed, tf.int64))
+
+
+@needs_kernels
+@pytest.mark.parametrize("size", SIZES)
+def test_normals_are_box_muller_of_tensorflows_philox_uniforms(size):
+  key, counter = key_counter([size, 17])
+  got = KERNELS.dpkit_stateless_normal(tf.constant([size], tf.int64), key, counter).numpy()
+  # float32 uniforms are exact in float64; the rest is a few float32 ulps of values <= 5.65.
+  np.testing.assert_allclose(got, numpy_box_muller(key, counter, size), rtol=0, atol=3e-6)
+
+
+@needs_kernels
+def test_the_128_bit_counter_carries_like_tensorflows():
+  # Low word 3 blocks below 2**64: blocks 3.. of the draw carry into the high word.
+  key = tf.constant([0x0123456789ABCDEF], tf.uint64)
+  counter = tf.constant([2**64 - 3, 2**64 - 1], tf.uint64)  # the high word wraps too
+  got = KERNELS.dpkit_stateless_normal(tf.constant([64], tf.int64), key, counter).numpy()
+  np.testing.assert_allclose(got, numpy_box_muller(key, counter, 64), rtol=0, atol=3e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape", [[0], [3, 0], [5, 3], [2, 3, 4], [7, 1, 9]])
+def test_samplers_agree_on_shapes_and_seeds(shape):
+  for seed in ([0, 0], [-1, 2**62], [2**40, -3]):
+    seed = tf.constant(seed, tf.int64)
+    compiled = noise.stateless_standard_normal(tf.TensorShape(shape), seed)
+    reference = noise.tf_ops_standard_normal(tf.TensorShape(shape), seed)
+    assert compiled.shape == shape
+    np.testing.assert_allclose(compiled.numpy(), reference.numpy(), rtol=0, atol=1e-5)
+
+
+@needs_kernels
+def test_fused_add_is_x_plus_stddev_times_the_normals_and_leaves_x_alone():
+  x = tf.random.stateless_normal([3, 1001], seed=[1, 2])
+  keep = x.numpy().copy()
+  key, counter = key_counter([5, 6])
+  got = KERNELS.dpkit_add_stateless_normal(x, tf.constant(2.5), key, counter).numpy()
+  z = numpy_box_muller(key, counter, x.shape.num_elements()).reshape(x.shape)
+  np.testing.assert_allclose(got, keep + 2.5 * z, rtol=0, atol=2e-5)
+  np.testing.assert_array_equal(x.numpy(), keep)  # x was still in use: not overwritten
+  zero = KERNELS.dpkit_add_stateless_normal(x, tf.constant(0.0), key, counter)
+  np.testing.assert_array_equal(zero.numpy(), keep)
+
+
+@needs_kernels
+def test_add_gaussian_noise_uses_the_fused_kernel_with_the_samplers_noise():
+  grads = [tf.zeros([300, 7]), tf.ones([11])]
+  noised = noise.add_gaussian_noise(grads, 1.5, key=99, step=4, draw=1)
+  with tf.device("/CPU:0"):
+    # The same seeds through the unfused TensorFlow-op path (noise.py's keying, written out).
+    base = tf.random.experimental.stateless_fold_in(
+        tf.constant([99, 4], tf.int64), tf.constant(1, tf.int64))
+    for index, (grad, got) in enumerate(zip(grads, noised)):
+      seed = tf.random.experimental.stateless_fold_in(base, tf.constant(index, tf.int64))
+      expected = grad + 1.5 * noise.tf_ops_standard_normal(grad.shape, seed)
+      np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=0, atol=2e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("call, message", [
+    (lambda: KERNELS.dpkit_stateless_normal(tf.constant([[2]], tf.int64), *key_counter([1, 1])),
+     "shape must be a 1-D"),
+    (lambda: KERNELS.dpkit_stateless_normal(tf.constant([2], tf.int64),
+                                            tf.constant([1, 2], tf.uint64),
+                                            tf.constant([1, 2], tf.uint64)),
+     "key must hold 1"),
+    (lambda: KERNELS.dpkit_stateless_normal(tf.constant([2], tf.int64),
+                                            tf.constant([1], tf.uint64),
+                                            tf.constant([1], tf.uint64)),
+     "counter must hold 2"),
+    (lambda: KERNELS.dpkit_add_stateless_normal(tf.zeros([3]), tf.constant(-1.0),
+                                                *key_counter([1, 1])),
+     "stddev must be finite and >= 0"),
+    (lambda: KERNELS.dpkit_add_stateless_normal(tf.zeros([3]), tf.constant(np.nan, tf.float32),
+                                                *key_counter([1, 1])),
+     "stddev must be finite and >= 0"),
+    (lambda: KERNELS.dpkit_add_stateless_normal(tf.zeros([3]), tf.constant([1.0]),
+                                                *key_counter([1, 1])),
+     "stddev must be a scalar"),
+])
+def test_bad_inputs_are_clear_errors(call, message):
+  with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+    call()
+
+
+@needs_kernels
+def test_inside_xla_and_on_accelerators_and_for_float64_the_tensorflow_ops_draw(monkeypatch):
+  seed = tf.constant([3, 9], tf.int64)
+  shape = tf.TensorShape([1001])
+
+  @tf.function(jit_compile=True)
+  def compiled_by_xla():
+    assert noise._in_xla_function()
+    return noise.stateless_standard_normal(shape, seed)
+
+  @tf.function(jit_compile=True)
+  def tf_ops_by_xla():  # XLA picks its own stateless generator, so compare XLA with XLA
+    return noise.tf_ops_standard_normal(shape, seed)
+
+  @tf.function
+  def plain():
+    assert not noise._in_xla_function()
+    return noise.stateless_standard_normal(shape, seed)
+
+  reference = noise.tf_ops_standard_normal(shape, seed).numpy()
+  np.testing.assert_array_equal(compiled_by_xla().numpy(), tf_ops_by_xla().numpy())
+  np.testing.assert_allclose(plain().numpy(), reference, rtol=0, atol=1e-5)
+  assert noise._compiled_kernels("/job:localhost/replica:0/task:0/device:GPU:0",
+                                 tf.float32) is None
+  assert noise._compiled_kernels("/device:CPU:0", tf.float64) is None
+  assert noise._compiled_kernels("", tf.float32) is KERNELS  # this machine: no accelerator
+  monkeypatch.setattr(noise, "_accelerators_visible", lambda: True)
+  assert noise._compiled_kernels("", tf.float32) is None  # unplaced may land on the GPU
+  assert noise._compiled_kernels("/device:CPU:0", tf.float32) is KERNELS
+  assert noise._compiled_kernels("/device:CPU:0", tf.bfloat16) is KERNELS
+  # float64 keeps float64 uniforms (reach beyond the float32 bound 5.65).
+  wide = noise.stateless_standard_normal(tf.TensorShape([10]), seed, tf.float64, "/CPU:0")
+  np.testing.assert_array_equal(
+      wide.numpy(), noise.tf_ops_standard_normal(tf.TensorShape([10]), seed, tf.float64).numpy())
+
+
+@needs_kernels
+def test_a_library_that_fails_the_self_check_is_not_used(monkeypatch):
+  class Broken:  # right shapes, wrong values: e.g. a miscompiled transcendental
+    @staticmethod
+    def dpkit_stateless_normal(shape, key, counter):
+      return 1.001 * KERNELS.dpkit_stateless_normal(shape, key, counter)
+
+    dpkit_add_stateless_normal = staticmethod(KERNELS.dpkit_add_stateless_normal)
+
+  monkeypatch.setattr(tf, "load_op_library", lambda path: Broken)
+  with pytest.raises(native.NativeUnavailable, match="failed its self-check"):
+    native._load_and_check(native.build())
+  assert native._self_check(KERNELS) <= native.SELF_CHECK_TOLERANCE
+
+
+@needs_kernels
+def test_the_build_is_cached_per_source_and_machine():
+  first = native.build()
+  stamp = first.stat().st_mtime_ns
+  assert native.build() == first and first.stat().st_mtime_ns == stamp  # no rebuild
+  assert first.parent == native.cache_dir()
+  assert first.name == native.library_name()
+
+
+def run_python(code, **env):
+  environment = dict(os.environ, **env)
+  done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                        text=True, env=environment, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return done
+
+
+FALLBACK_PROBE = """
+    import logging, numpy as np, tensorflow as tf
+    logging.basicConfig(level=logging.WARNING)
+    from tf_dpkit import native, noise
+    seed = tf.constant([1, 2], tf.int64)
+    got = noise.stateless_standard_normal(tf.TensorShape([9]), seed).numpy()
+    ref = noise.tf_ops_standard_normal(tf.TensorShape([9]), seed).numpy()
+    print("EQUAL", np.array_equal(got, ref), "OPS", native.noise_ops() is not None)
+    print("STATUS", native.status())
+"""
+
+
+def test_switched_off_the_tensorflow_ops_draw_the_same_noise():
+  out = run_python(FALLBACK_PROBE, TF_DPKIT_NATIVE="0").stdout
+  assert "EQUAL True OPS False" in out
+  assert "STATUS turned off by TF_DPKIT_NATIVE=0" in out
+
+
+def test_without_a_compiler_one_warning_and_the_tensorflow_ops(tmp_path):
+  done = run_python(FALLBACK_PROBE, CXX=str(tmp_path / "no-such-compiler"),
+                    TF_DPKIT_CACHE_DIR=str(tmp_path / "cache"))
+  assert "EQUAL True OPS False" in done.stdout
+  assert "does not run" in done.stdout  # the status names the reason
+  warnings = [line for line in done.stderr.splitlines()
+              if "compiled noise kernels unavailable" in line]
+  assert len(warnings) == 1 and "TF_DPKIT_NATIVE=0" in warnings[0]
+  assert not any(p.suffix == ".so" for p in (tmp_path / "cache").glob("*"))
+
+
+def test_a_compile_error_is_reported_with_the_compilers_message(tmp_path, monkeypatch):
+  fake = tmp_path / "fake-cxx"
+  fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo fake 1.0; exit 0; fi\n"
+                  "echo 'noise_kernels.cc:1: error: no luck' >&2; exit 3\n")
+  fake.chmod(0o755)
+  monkeypatch.setenv("CXX", str(fake))
+  monkeypatch.setenv("TF_DPKIT_CACHE_DIR", str(tmp_path / "cache"))
+  with pytest.raises(native.NativeUnavailable, match="exit 3.*no luck"):
+    native.build()
+  assert [p.name for p in (tmp_path / "cache").iterdir()
+          if not p.name.endswith(".lock")] == []  # no partial library left behind
