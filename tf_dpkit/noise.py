@@ -172,7 +172,7 @@ def add_gaussian_noise(tensors, stddev, key, step, draw=0, replica=None, stream=
       seed = tf.random.experimental.stateless_fold_in(base_seed, tf.constant(index, tf.int64))
       scale = (tf.constant(stddev, dtype=tensor.dtype) if isinstance(stddev, numbers.Real)
                else tf.cast(stddev, tensor.dtype))
-      kernels = _compiled_kernels(tensor.device, tensor.dtype) if part is None else None
+      kernels = native.kernels_for(tensor.device, tensor.dtype) if part is None else None
       if kernels is not None:  # one pass: tensor + scale * z, z as stateless_standard_normal's
         key_, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed)
         noised.append(kernels.dpkit_add_stateless_normal(tensor, scale, key_, counter))
@@ -185,40 +185,6 @@ def add_gaussian_noise(tensors, stddev, key, step, draw=0, replica=None, stream=
         noise = _noise_on_slice(shape, seed, tensor.dtype, *part, device=tensor.device)
       noised.append(tensor + scale * noise)
   return noised
-
-
-def _compiled_kernels(device, dtype):
-  """``tf_dpkit.native``'s ops when noise of ``dtype`` for ``device`` (a device string, ``""``
-  or None for "wherever TensorFlow places it") can be drawn by them, else None: float32 work
-  on a CPU, outside XLA-compiled functions, and the kernels built and self-checked."""
-  if tf.as_dtype(dtype) not in (tf.float32, tf.float16, tf.bfloat16):
-    return None
-  if _in_xla_function():
-    return None
-  kind = tf.DeviceSpec.from_string(device).device_type if device else None
-  if kind is None:  # unplaced: the kernels only when no accelerator could take the op
-    if _accelerators_visible():
-      return None
-  elif kind != "CPU":
-    return None
-  return native.noise_ops()
-
-
-def _accelerators_visible():
-  """True when TensorFlow sees a GPU or TPU (an unplaced op may then run there)."""
-  return any(tf.config.list_logical_devices(name) for name in ("GPU", "TPU"))
-
-
-def _in_xla_function():
-  """True while tracing a function compiled with XLA (``jit_compile=True``), which only takes
-  ops that XLA knows."""
-  if tf.executing_eagerly():
-    return False
-  try:
-    from tensorflow.python.ops import control_flow_util  # noqa: PLC0415
-  except ImportError:  # pragma: no cover - an older or newer TensorFlow layout
-    return True  # cannot tell: TensorFlow ops work everywhere
-  return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
 def _noise_on_slice(shape, seed, dtype, index, count, device=None):
@@ -265,7 +231,7 @@ def stateless_standard_normal(shape, seed, dtype=tf.float32, device=None):
       TensorFlow places them.
   """
   dtype = tf.as_dtype(dtype)
-  kernels = _compiled_kernels(device, dtype)
+  kernels = native.kernels_for(device, dtype)
   if kernels is None:
     return tf_ops_standard_normal(shape, seed, dtype)
   key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed)

@@ -58,7 +58,7 @@ from tensorflow.python.framework import op_def_registry
 from tensorflow.python.framework import ops as tf_ops
 
 import tf_dpkit
-from tf_dpkit import noise as noise_lib
+from tf_dpkit import native
 
 TF_DPKIT_DIR = os.path.dirname(os.path.abspath(tf_dpkit.__file__))
 HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
@@ -243,9 +243,9 @@ TRACED = [("fit", "cnn"), ("fit", "mlp"), ("fit", "embedding"), ("minimize", "ml
 
 @pytest.mark.parametrize("path,name", TRACED)
 def test_every_op_of_the_traced_step_has_a_gpu_kernel(path, name, monkeypatch):
-  # Trace as on a machine with a GPU: there the noise comes from TensorFlow ops, not from the
-  # CPU-only compiled kernels (tf_dpkit.native), which a CPU-only trace would pick.
-  monkeypatch.setattr(noise_lib, "_accelerators_visible", lambda: True)
+  # Trace as on a machine with a GPU: there noise and Embedding clipping are TensorFlow ops, not
+  # the CPU-only compiled kernels (tf_dpkit.native) that a CPU-only trace picks.
+  monkeypatch.setattr(native, "_accelerators_visible", lambda: True)
   model = _dp_model(name)
   x, y = (tf.constant(t) for t in _batch(name))
   step = tf.function(_step_fn(path, model), autograph=False)  # as Keras traces train_step

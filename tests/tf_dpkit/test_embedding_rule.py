@@ -3,12 +3,16 @@
 References: each example's gradient of the embedding table from its own ``tf.GradientTape``
 (one example at a time), or, for the 16-bit and out-of-range cases, the closed form
 ``G_j[v] = sum_{positions of microbatch j with id v} g`` summed in float64 by numpy.
+
+Every test runs twice: with the compiled CPU kernels (tf_dpkit.native) and with the
+TensorFlow-op code the rule uses elsewhere (GPU, float64, XLA, no compiler).
 """
 import numpy as np
 import pytest
 import keras
 import tensorflow as tf
 
+from tf_dpkit import native
 from tf_dpkit.clipping import clipped_sum_fast
 from tf_dpkit.clipping.clipped_sum import clip_factors
 from tf_dpkit.clipping.rules import embedding as embedding_rules
@@ -17,6 +21,30 @@ from tf_dpkit.clipping.testing import removal_sensitivity
 
 RNG = np.random.default_rng(18)
 SCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+
+@pytest.fixture(autouse=True, params=["compiled", "tf_ops"])
+def kernels(request, monkeypatch):
+  if request.param == "tf_ops":
+    monkeypatch.setattr(native, "kernels_for", lambda device, dtype: None)
+  elif native.kernels() is None:
+    pytest.skip(f"compiled CPU kernels unavailable here: {native.status()}")
+  return request.param
+
+
+def test_the_compiled_kernels_are_what_runs_on_this_cpu(kernels):
+  layer = _layer(50, 4, tf.zeros([6, 5], tf.int32))
+  trace = lookup_rule(layer)(layer, tf.zeros([6, 5], tf.int32))
+
+  @tf.function
+  def step(g, factors):
+    norms = trace.squared_norms(g, 3)
+    return norms, trace.clipped_sum(factors)
+
+  graph = step.get_concrete_function(tf.TensorSpec([6, 5, 4]), tf.TensorSpec([3])).graph
+  used = {op.type for op in graph.get_operations()}
+  compiled = {"DpkitTokenSquaredNorms", "DpkitScatterScaledRows"}
+  assert (compiled <= used) == (kernels == "compiled"), used & compiled
 
 
 def _layer(vocab, dim, ids, **kwargs):

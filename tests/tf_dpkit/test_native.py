@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tf_dpkit import native, noise
 
-KERNELS = native.noise_ops()
+KERNELS = native.kernels()
 needs_kernels = pytest.mark.skipif(
     KERNELS is None, reason=f"compiled noise kernels unavailable here: {native.status()}")
 
@@ -130,7 +130,7 @@ def test_inside_xla_and_on_accelerators_and_for_float64_the_tensorflow_ops_draw(
 
   @tf.function(jit_compile=True)
   def compiled_by_xla():
-    assert noise._in_xla_function()
+    assert native._in_xla_function()
     return noise.stateless_standard_normal(shape, seed)
 
   @tf.function(jit_compile=True)
@@ -139,20 +139,20 @@ def test_inside_xla_and_on_accelerators_and_for_float64_the_tensorflow_ops_draw(
 
   @tf.function
   def plain():
-    assert not noise._in_xla_function()
+    assert not native._in_xla_function()
     return noise.stateless_standard_normal(shape, seed)
 
   reference = noise.tf_ops_standard_normal(shape, seed).numpy()
   np.testing.assert_array_equal(compiled_by_xla().numpy(), tf_ops_by_xla().numpy())
   np.testing.assert_allclose(plain().numpy(), reference, rtol=0, atol=1e-5)
-  assert noise._compiled_kernels("/job:localhost/replica:0/task:0/device:GPU:0",
+  assert native.kernels_for("/job:localhost/replica:0/task:0/device:GPU:0",
                                  tf.float32) is None
-  assert noise._compiled_kernels("/device:CPU:0", tf.float64) is None
-  assert noise._compiled_kernels("", tf.float32) is KERNELS  # this machine: no accelerator
-  monkeypatch.setattr(noise, "_accelerators_visible", lambda: True)
-  assert noise._compiled_kernels("", tf.float32) is None  # unplaced may land on the GPU
-  assert noise._compiled_kernels("/device:CPU:0", tf.float32) is KERNELS
-  assert noise._compiled_kernels("/device:CPU:0", tf.bfloat16) is KERNELS
+  assert native.kernels_for("/device:CPU:0", tf.float64) is None
+  assert native.kernels_for("", tf.float32) is KERNELS  # this machine: no accelerator
+  monkeypatch.setattr(native, "_accelerators_visible", lambda: True)
+  assert native.kernels_for("", tf.float32) is None  # unplaced may land on the GPU
+  assert native.kernels_for("/device:CPU:0", tf.float32) is KERNELS
+  assert native.kernels_for("/device:CPU:0", tf.bfloat16) is KERNELS
   # float64 keeps float64 uniforms (reach beyond the float32 bound 5.65).
   wide = noise.stateless_standard_normal(tf.TensorShape([10]), seed, tf.float64, "/CPU:0")
   np.testing.assert_array_equal(
@@ -167,10 +167,27 @@ def test_a_library_that_fails_the_self_check_is_not_used(monkeypatch):
       return 1.001 * KERNELS.dpkit_stateless_normal(shape, key, counter)
 
     dpkit_add_stateless_normal = staticmethod(KERNELS.dpkit_add_stateless_normal)
+    dpkit_token_squared_norms = staticmethod(KERNELS.dpkit_token_squared_norms)
+    dpkit_scatter_scaled_rows = staticmethod(KERNELS.dpkit_scatter_scaled_rows)
 
-  monkeypatch.setattr(tf, "load_op_library", lambda path: Broken)
-  with pytest.raises(native.NativeUnavailable, match="failed its self-check"):
-    native._load_and_check(native.build())
+  class DropsRepeats(Broken):  # norms that square each position instead of each token's sum
+    @staticmethod
+    def dpkit_stateless_normal(shape, key, counter):
+      return KERNELS.dpkit_stateless_normal(shape, key, counter)
+
+    @staticmethod
+    def dpkit_token_squared_norms(ids, rows, vocab):
+      counted = tf.cast(tf.logical_and(ids >= 0, ids < tf.cast(vocab, tf.int32)), tf.float32)
+      return tf.reduce_sum(tf.reduce_sum(tf.square(rows), axis=2) * counted, axis=1)
+
+  class Missing:  # a library without the ops
+    pass
+
+  for fake, reason in ((Broken, "largest difference"), (DropsRepeats, "largest difference"),
+                       (Missing, "AttributeError")):
+    monkeypatch.setattr(tf, "load_op_library", lambda path, fake=fake: fake)
+    with pytest.raises(native.NativeUnavailable, match=f"failed its self-check.*{reason}"):
+      native._load_and_check(native.build())
   assert native._self_check(KERNELS) <= native.SELF_CHECK_TOLERANCE
 
 
@@ -198,7 +215,7 @@ FALLBACK_PROBE = """
     seed = tf.constant([1, 2], tf.int64)
     got = noise.stateless_standard_normal(tf.TensorShape([9]), seed).numpy()
     ref = noise.tf_ops_standard_normal(tf.TensorShape([9]), seed).numpy()
-    print("EQUAL", np.array_equal(got, ref), "OPS", native.noise_ops() is not None)
+    print("EQUAL", np.array_equal(got, ref), "OPS", native.kernels() is not None)
     print("STATUS", native.status())
 """
 
@@ -215,7 +232,7 @@ def test_without_a_compiler_one_warning_and_the_tensorflow_ops(tmp_path):
   assert "EQUAL True OPS False" in done.stdout
   assert "does not run" in done.stdout  # the status names the reason
   warnings = [line for line in done.stderr.splitlines()
-              if "compiled noise kernels unavailable" in line]
+              if "compiled CPU kernels unavailable" in line]
   assert len(warnings) == 1 and "TF_DPKIT_NATIVE=0" in warnings[0]
   assert not any(p.suffix == ".so" for p in (tmp_path / "cache").glob("*"))
 
@@ -231,3 +248,57 @@ def test_a_compile_error_is_reported_with_the_compilers_message(tmp_path, monkey
     native.build()
   assert [p.name for p in (tmp_path / "cache").iterdir()
           if not p.name.endswith(".lock")] == []  # no partial library left behind
+
+
+def brute_force_token_sums(ids, rows, factors, vocab):
+  """Microbatch j's gradient G_j[v] = sum of rows[j, k] with ids[j, k] = v, in float64."""
+  grads = np.zeros((ids.shape[0], vocab, rows.shape[2]))
+  for j in range(ids.shape[0]):
+    for k in range(ids.shape[1]):
+      if 0 <= ids[j, k] < vocab:
+        grads[j, ids[j, k]] += rows[j, k]
+  return (grads**2).sum(axis=(1, 2)), np.tensordot(factors, grads, axes=1)
+
+
+@needs_kernels
+@pytest.mark.parametrize("microbatches, positions, vocab, width", [
+    (0, 5, 7, 3), (4, 0, 7, 3), (3, 5, 0, 2), (2, 6, 7, 0), (1, 1, 1, 1),
+    (5, 64, 3, 4),        # every token repeated many times
+    (16, 200, 10_000, 8),  # mostly distinct; more positions than the hash table's first guess
+    (300, 9, 40, 17),     # many microbatches: split between threads
+])
+def test_embedding_kernels_equal_brute_force_token_sums(microbatches, positions, vocab, width):
+  rng = np.random.default_rng(microbatches * 1000 + positions)
+  ids = rng.integers(-2, vocab + 2, size=(microbatches, positions)).astype(np.int32)
+  ids[:, ::3] = np.minimum(ids[:, ::3], 0) if vocab else ids[:, ::3]  # repeats of id 0 and -ve
+  rows = rng.normal(size=(microbatches, positions, width)).astype(np.float32)
+  factors = rng.uniform(size=microbatches).astype(np.float32)
+  norms, clipped = brute_force_token_sums(ids, rows, factors, vocab)
+  vocab_t = tf.constant(vocab, tf.int64)
+  got_norms = KERNELS.dpkit_token_squared_norms(ids, rows, vocab_t).numpy()
+  got_sum = KERNELS.dpkit_scatter_scaled_rows(ids, rows, factors, vocab_t).numpy()
+  assert got_norms.shape == (microbatches,) and got_sum.shape == (vocab, width)
+  # float32 sums of up to ~1,000 terms of size ~1 (id 0 repeated): relative error ~1e-5.
+  np.testing.assert_allclose(got_norms, norms, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got_sum, clipped, rtol=1e-5, atol=5e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("call, message", [
+    (lambda: KERNELS.dpkit_token_squared_norms(np.zeros([2, 3, 1], np.int32),
+                                               np.zeros([2, 3, 4], np.float32), 5),
+     "ids must be \\[microbatches, positions\\]"),
+    (lambda: KERNELS.dpkit_token_squared_norms(np.zeros([2, 3], np.int32),
+                                               np.zeros([2, 4, 4], np.float32), 5),
+     "rows must be \\[microbatches, positions, width\\] matching ids"),
+    (lambda: KERNELS.dpkit_token_squared_norms(np.zeros([2, 3], np.int32),
+                                               np.zeros([2, 3, 4], np.float32), -1),
+     "vocab must be a scalar >= 0"),
+    (lambda: KERNELS.dpkit_scatter_scaled_rows(np.zeros([2, 3], np.int32),
+                                               np.zeros([2, 3, 4], np.float32),
+                                               np.ones([3], np.float32), 5),
+     "factors must be \\[microbatches\\] = \\[2\\]"),
+])
+def test_embedding_kernels_refuse_bad_shapes(call, message):
+  with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=message):
+    call()

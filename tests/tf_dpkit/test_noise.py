@@ -21,7 +21,7 @@ def samples(request):
   if request.param == "tf_ops":
     drawn = noise.tf_ops_standard_normal(tf.TensorShape([N]), SEED)
   else:
-    if native.noise_ops() is None:
+    if native.kernels() is None:
       pytest.skip(f"compiled noise kernels unavailable here: {native.status()}")
     drawn = noise.stateless_standard_normal(tf.TensorShape([N]), SEED, device="/CPU:0")
   return drawn.numpy().astype(np.float64)

@@ -1,20 +1,24 @@
-"""Compiled CPU kernels for the Gaussian noise draw, built from source on first use.
+"""Compiled CPU kernels for the noise draw and the Embedding rule, built from source on first use.
 
 Contract:
 
-* :func:`noise_ops` returns a module with the ops ``dpkit_stateless_normal(shape, key,
-  counter)`` and ``dpkit_add_stateless_normal(x, stddev, key, counter)`` (``noise_kernels.cc``;
-  float32, CPU), or ``None`` when they cannot be used here.  ``tf_dpkit.noise`` is the only
-  caller: it draws with TensorFlow ops when this returns ``None``, on accelerators, for float64
-  and inside XLA-compiled functions.
-* The kernels draw the same standard normals as ``tf_dpkit.noise``'s TensorFlow-op sampler:
-  the same Philox-4x32-10 uniforms bit for bit (``(key, counter)`` from TensorFlow's
-  ``StatelessRandomGetKeyCounter`` of the same seed) and the same Box-Muller pairing; only
-  log/sin/cos are computed differently (a few float32 ulps, ``|difference| < 1e-5``).  A
-  library is used only after it reproduced the TensorFlow-op sampler on a self-check at load
-  time; any failure (no compiler, a compile error, a failed check) logs one warning on the
-  ``tf_dpkit`` logger and leaves the TensorFlow-op sampler in use: never a weaker or different
-  noise distribution, only a slower draw.
+* :func:`kernels_for` decides, in one place, whether work of a dtype on a device may use the
+  kernels: float32 work, on a CPU (or unplaced while TensorFlow sees no GPU/TPU), outside
+  XLA-compiled functions, and the library built and self-checked.  Otherwise the callers
+  (``tf_dpkit.noise``, ``tf_dpkit.clipping.rules.embedding``) use their TensorFlow-op code,
+  which computes the same quantities.
+* Ops (float32, CPU): ``dpkit_stateless_normal(shape, key, counter)`` and
+  ``dpkit_add_stateless_normal(x, stddev, key, counter)`` (``noise_kernels.cc``: the same
+  Philox-4x32-10 uniforms as TensorFlow's stateless ops for ``(key, counter)`` from
+  ``StatelessRandomGetKeyCounter``, bit for bit, and the Box-Muller pairing of
+  ``tf_dpkit.noise``; only log/sin/cos are computed differently, a few float32 ulps);
+  ``dpkit_token_squared_norms(ids, rows, vocab)`` and ``dpkit_scatter_scaled_rows(ids, rows,
+  factors, vocab)`` (``embedding_kernels.cc``: the Embedding rule's per-microbatch norms and
+  clipped sum).
+* A library is used only after a self-check at load time against float64 numpy references
+  (Box-Muller of TensorFlow's own uniforms; brute-force token sums).  Any failure (no compiler,
+  a compile error, a failed check) logs one warning on the ``tf_dpkit`` logger and leaves the
+  TensorFlow-op code in use: never a different noise distribution or clipping, only slower.
 * Built once per source text, TensorFlow build, compiler and CPU (``-march=native``) into a
   cache folder: ``$TF_DPKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/tf_dpkit``, else
   ``~/.cache/tf_dpkit``; builds are serialised by a file lock, so parallel processes build once.
@@ -38,11 +42,13 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-SOURCE = pathlib.Path(__file__).with_name("noise_kernels.cc")
+SOURCES = tuple(pathlib.Path(__file__).with_name(name)
+                for name in ("noise_kernels.cc", "embedding_kernels.cc"))
 #: Set to "0" to draw noise with TensorFlow ops only.
 SWITCH_VARIABLE = "TF_DPKIT_NATIVE"
 CACHE_VARIABLE = "TF_DPKIT_CACHE_DIR"
-#: The self-check's bound on |native - TensorFlow-op sampler| (normals are at most 5.65).
+#: The self-check's bound on the largest difference from its float64 references (normals are at
+#: most 5.65; the embedding checks are scaled to the same size).
 SELF_CHECK_TOLERANCE = 1e-5
 _BUILD_TIMEOUT_S = 600
 
@@ -59,7 +65,7 @@ def enabled() -> bool:
   return os.environ.get(SWITCH_VARIABLE, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def noise_ops():
+def kernels():
   """The loaded op module, or ``None`` (then :func:`status` says why).  Builds on first call."""
   if not enabled():
     return None
@@ -74,14 +80,48 @@ def noise_ops():
       except NativeUnavailable as error:
         _state["reason"] = str(error)
         logging.getLogger("tf_dpkit").warning(
-            "tf_dpkit: compiled noise kernels unavailable (%s); noise is drawn with TensorFlow "
-            "ops (same distribution, about 2-3x slower on CPU). Set %s=0 to silence this.",
+            "tf_dpkit: compiled CPU kernels unavailable (%s); noise and Embedding clipping run "
+            "as TensorFlow ops (same results, slower on CPU). Set %s=0 to silence this.",
             error, SWITCH_VARIABLE)
     return _state["ops"]
 
 
+def kernels_for(device, dtype):
+  """:func:`kernels` when work of ``dtype`` for ``device`` (a device string; ``""`` or None for
+  "wherever TensorFlow places it") may use them, else None: float32 work (float16 and bfloat16
+  are computed in float32), on a CPU, outside XLA-compiled functions."""
+  if tf.as_dtype(dtype) not in (tf.float32, tf.float16, tf.bfloat16):
+    return None
+  if _in_xla_function():
+    return None
+  kind = tf.DeviceSpec.from_string(device).device_type if device else None
+  if kind is None:  # unplaced: only when no accelerator could take the op
+    if _accelerators_visible():
+      return None
+  elif kind != "CPU":
+    return None
+  return kernels()
+
+
+def _accelerators_visible():
+  """True when TensorFlow sees a GPU or TPU (an unplaced op may then run there)."""
+  return any(tf.config.list_logical_devices(name) for name in ("GPU", "TPU"))
+
+
+def _in_xla_function():
+  """True while tracing a function compiled with XLA (``jit_compile=True``), which only takes
+  ops that XLA knows."""
+  if tf.executing_eagerly():
+    return False
+  try:
+    from tensorflow.python.ops import control_flow_util  # noqa: PLC0415
+  except ImportError:  # pragma: no cover - another TensorFlow layout
+    return True  # cannot tell: TensorFlow ops work everywhere
+  return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
 def status() -> str:
-  """Why :func:`noise_ops` returns what it does (a path, a reason, or "turned off")."""
+  """Why :func:`kernels` returns what it does (a path, a reason, or "turned off")."""
   if not enabled():
     return f"turned off by {SWITCH_VARIABLE}={os.environ[SWITCH_VARIABLE]}"
   return _state["reason"]
@@ -104,7 +144,7 @@ def _compiler() -> str:
 
 def _command(cxx: str, output: str) -> list[str]:
   return ([cxx, "-shared", "-fPIC", "-O3", "-march=native", "-fopenmp-simd", "-w",
-           *tf.sysconfig.get_compile_flags(), str(SOURCE), "-o", output,
+           *tf.sysconfig.get_compile_flags(), *map(str, SOURCES), "-o", output,
            *tf.sysconfig.get_link_flags()])
 
 
@@ -127,16 +167,16 @@ def library_name(cxx: str | None = None) -> str:
   except (OSError, subprocess.SubprocessError) as error:
     raise NativeUnavailable(f"the compiler {cxx!r} does not run: {error}") from error
   digest = hashlib.sha256()
-  for part in (SOURCE.read_bytes(), tf.__version__.encode(), tf.sysconfig.get_lib().encode(),
+  for part in (*(source.read_bytes() for source in SOURCES), tf.__version__.encode(), tf.sysconfig.get_lib().encode(),
                " ".join(_command(cxx, "out")).encode(), version.encode(),
                _cpu_identity().encode()):
     digest.update(part)
     digest.update(b"\0")
-  return f"noise_kernels_{digest.hexdigest()[:20]}.so"
+  return f"tf_dpkit_kernels_{digest.hexdigest()[:20]}.so"
 
 
 def build(force: bool = False) -> pathlib.Path:
-  """Compiles ``noise_kernels.cc`` into :func:`cache_dir` unless already there; returns the
+  """Compiles :data:`SOURCES` into :func:`cache_dir` unless already there; returns the
   library's path.  Raises :class:`NativeUnavailable` with the compiler's message on failure."""
   cxx = _compiler()
   folder = cache_dir()
@@ -171,30 +211,76 @@ def _load_and_check(path: pathlib.Path):
     ops = tf.load_op_library(str(path))
   except (tf.errors.OpError, OSError) as error:
     raise NativeUnavailable(f"loading {path} failed: {error}") from error
-  difference = _self_check(ops)
+  try:
+    difference = _self_check(ops)
+  except Exception as error:  # noqa: BLE001 - any failure means: do not use this library
+    raise NativeUnavailable(f"{path} failed its self-check: {type(error).__name__}: "
+                            f"{error}") from error
   if not difference <= SELF_CHECK_TOLERANCE:
-    raise NativeUnavailable(f"{path} failed its self-check: max |native - TensorFlow ops| = "
-                            f"{difference} > {SELF_CHECK_TOLERANCE}")
+    raise NativeUnavailable(f"{path} failed its self-check: largest difference from the "
+                            f"references {difference} > {SELF_CHECK_TOLERANCE}")
   return ops
 
 
+def reference_normals(key, counter, size):
+  """float64 Box-Muller (``tf_dpkit.noise``'s pairing) of TensorFlow's own Philox uniforms for
+  ``(key, counter)``: the reference the noise kernels must reproduce."""
+  half = (size + 1) // 2
+  u = np.asarray(tf.raw_ops.StatelessRandomUniformV2(
+      shape=tf.constant([2 * half], tf.int64), key=key, counter=counter,
+      alg=tf.constant(1, tf.int32), dtype=tf.float32), np.float64)
+  radius = np.sqrt(-2.0 * np.log1p(-u[:half]))
+  angle = 2.0 * np.pi * u[half:]
+  return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:size]
+
+
+def reference_token_sums(ids, rows, factors, vocab):
+  """Brute force in float64: ``(||G_j||^2 for each microbatch j, sum_j factors[j] G_j)`` with
+  ``G_j[v] = sum of rows[j, k] over positions k with ids[j, k] = v`` (ids outside [0, vocab)
+  count for nothing): what the embedding kernels must return."""
+  ids, rows = np.asarray(ids), np.asarray(rows, np.float64)
+  grads = np.zeros((ids.shape[0], vocab, rows.shape[2]))
+  for j, k in np.ndindex(*ids.shape):
+    if 0 <= ids[j, k] < vocab:
+      grads[j, ids[j, k]] += rows[j, k]
+  return (np.sum(grads**2, axis=(1, 2)),
+          np.einsum("j,jvd->vd", np.asarray(factors, np.float64), grads))
+
+
 def _self_check(ops) -> float:
-  """max |native - TensorFlow-op sampler| over sizes with odd/even halves, several chunks and
-  threads, and the fused add; in its own graph, so it runs from any context."""
-  from tf_dpkit import noise  # noqa: PLC0415 (noise imports this module)
-  graph = tf.Graph()
-  with graph.as_default():
-    checks = []
+  """Largest difference of the kernels from the float64 references, over sizes with odd and
+  even halves, several chunks and threads, the fused add, and token sums with repeats and
+  uncounted ids.  Eager (lifted out of any function being traced)."""
+  worst = 0.0
+  with tf.init_scope(), tf.device("/CPU:0"):
+    if not tf.executing_eagerly():  # a tf.compat.v1 graph program: check in eager mode
+      return _run_eagerly(_self_check, ops)
     for size, seed in ((1, (0, 0)), (2, (1, 2)), (7, (5, 3)), (4097, (2**40, -3)),
                        (70001, (9, 2**62))):
-      seed = tf.constant(seed, tf.int64)
-      reference = noise.tf_ops_standard_normal(tf.TensorShape([size]), seed)
-      key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed)
-      native = ops.dpkit_stateless_normal(tf.constant([size], tf.int64), key, counter)
-      x = tf.linspace(-1.0, 1.0, size)
+      key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=tf.constant(seed, tf.int64))
+      expected = reference_normals(key, counter, size)
+      drawn = ops.dpkit_stateless_normal(tf.constant([size], tf.int64), key, counter)
+      x = np.linspace(-1.0, 1.0, size, dtype=np.float32)
       added = ops.dpkit_add_stateless_normal(x, tf.constant(0.5), key, counter)
-      checks.append(tf.reduce_max(tf.abs(native - reference)))
-      checks.append(tf.reduce_max(tf.abs(added - (x + 0.5 * reference))))
-    worst = tf.reduce_max(tf.stack(checks))
-  with tf.compat.v1.Session(graph=graph) as session:
-    return float(np.asarray(session.run(worst)))
+      worst = max(worst, np.max(np.abs(drawn.numpy() - expected)),
+                  np.max(np.abs(added.numpy() - (x + 0.5 * expected))))
+    generator = np.random.default_rng(0)
+    for microbatches, positions, vocab, width in ((3, 6, 4, 5), (17, 40, 9, 3)):
+      ids = generator.integers(-1, vocab + 1, size=(microbatches, positions)).astype(np.int32)
+      rows = generator.normal(size=(microbatches, positions, width)).astype(np.float32)
+      factors = generator.uniform(size=microbatches).astype(np.float32)
+      norms, clipped = reference_token_sums(ids, rows, factors, vocab)
+      vocab_t = tf.constant(vocab, tf.int64)
+      got_norms = ops.dpkit_token_squared_norms(ids, rows, vocab_t).numpy()
+      got_sum = ops.dpkit_scatter_scaled_rows(ids, rows, factors, vocab_t).numpy()
+      scale = max(1.0, float(np.max(norms)))  # relative to the size of the norms
+      worst = max(worst, np.max(np.abs(got_norms - norms)) / scale,
+                  np.max(np.abs(got_sum - clipped)) / np.sqrt(scale))
+  return float(worst)
+
+
+def _run_eagerly(function, *args):
+  """``function(*args)`` with eager execution, from a program that turned it off."""
+  from tensorflow.python.eager import context  # noqa: PLC0415
+  with context.eager_mode():
+    return function(*args)

@@ -17,12 +17,18 @@ count for nothing.
 The clipped sum ``sum_j c_j G_j`` is one scatter of ``c_j g`` over the counted positions into
 a dense [V, d] result: a linear function of the same ``g`` the norms were formed from, so each
 microbatch's share has the norm that was clipped.
+
+On a CPU, float32 work runs as two compiled kernels (``tf_dpkit.native``:
+``dpkit_token_squared_norms``, ``dpkit_scatter_scaled_rows``, which find a microbatch's tokens
+with a hash table instead of a sort); elsewhere as the TensorFlow ops below.  Both compute the
+sums above, in different orders.
 """
 from __future__ import annotations
 
 import keras
 import tensorflow as tf
 
+from tf_dpkit import native
 from tf_dpkit.clipping import _keras_internals
 from tf_dpkit.clipping.rules.registry import LayerTrace, register_layer_rule
 
@@ -52,6 +58,9 @@ class TokenSums:
     dtype = tf.float32 if g.dtype.size < 4 else g.dtype
     rows = tf.reshape(tf.cast(g, dtype), tf.stack([num_groups, length, tf.shape(g)[-1]]))
     self._positions = (ids, counted, rows)
+    kernels = native.kernels_for(g.device, dtype)
+    if kernels is not None:
+      return kernels.dpkit_token_squared_norms(ids, rows, tf.constant(vocab, tf.int64))
 
     # Sorting each microbatch's ids puts the positions of one token next to each other (this
     # depends on the ids only, so it can run while the backward pass runs).
@@ -82,6 +91,10 @@ class TokenSums:
     if self._positions is None:
       return None
     ids, counted, rows = self._positions
+    kernels = native.kernels_for(rows.device, rows.dtype)
+    if kernels is not None:
+      return [kernels.dpkit_scatter_scaled_rows(ids, rows, tf.cast(factors, rows.dtype),
+                                                tf.constant(self.vocab_size, tf.int64))]
     # [B * positions, V] sparse matrix with c_j at (position, id): the clipped sum is its
     # transpose times the positions' g (scaling and scatter in one op).
     scale = tf.cast(counted, rows.dtype) * tf.cast(factors, rows.dtype)[:, None]
