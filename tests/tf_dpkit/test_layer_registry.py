@@ -4,8 +4,6 @@ import pytest
 import keras
 import tensorflow as tf
 
-from tf_dpkit import native
-
 from tf_dpkit.clipping import (clipped_sum_fast, clipped_sum_vectorized, fast_path_available,
                                register_layer_rule)
 from tf_dpkit.clipping.rules import LayerTrace, lookup_rule
@@ -73,31 +71,17 @@ def test_rule_matches_per_example_reference(name, make_layer, make_inputs, num_m
 CONV_CASES = [c for c in CASES if c[0].startswith("conv")]
 
 
-def _force_conv_path(monkeypatch, onednn, chunk):
-  """Few-channel convolutions: ``onednn="compiled"`` takes tf_dpkit.native's kernel (skipped
-  where it cannot be built); otherwise the compiled kernels are off and ``onednn``/``chunk``
-  choose between the depthwise filter-gradient op in chunks and the unfolding."""
-  from tf_dpkit.clipping.rules import conv as conv_rule
-  if onednn == "compiled":
-    if native.kernels() is None:
-      pytest.skip(f"compiled CPU kernels unavailable here: {native.status()}")
-    return
-  monkeypatch.setattr(native, "kernels_for", lambda device, dtype: None)
-  monkeypatch.setattr(conv_rule, "onednn_enabled", lambda: onednn)
-  monkeypatch.setattr(conv_rule, "_FILTER_BACKPROP_CHUNK", chunk)
-
-
-@pytest.mark.parametrize("onednn, chunk", [("compiled", None), (False, 128), (True, 128),
-                                           (True, 3)])
+@pytest.mark.parametrize("onednn, chunk", [(False, 128), (True, 128), (True, 3)])
 @pytest.mark.parametrize("num_microbatches", [None, 2])
 @pytest.mark.parametrize("name, make_layer, make_inputs", CONV_CASES,
                          ids=[c[0] for c in CONV_CASES])
 def test_conv_rule_matches_reference_with_and_without_the_onednn_branch(
     name, make_layer, make_inputs, num_microbatches, onednn, chunk, monkeypatch):
-  # Few input channels: per-example kernel gradients from the compiled kernel, or (oneDNN) the
-  # filter-gradient op in chunks of examples (3: uneven chunks), or unfolded patches; force
-  # each way so all are tested whatever CPU runs the tests.
-  _force_conv_path(monkeypatch, onednn, chunk)
+  # The per-example filter-gradient branch is taken only where oneDNN is on, in chunks of
+  # examples (3: uneven chunks); force each way so all are tested whatever CPU runs the tests.
+  from tf_dpkit.clipping.rules import conv as layer_registry
+  monkeypatch.setattr(layer_registry, "onednn_enabled", lambda: onednn)
+  monkeypatch.setattr(layer_registry, "_FILTER_BACKPROP_CHUNK", chunk)
   inputs = make_inputs()
   layer = _built(make_layer(), inputs)
   check_layer_rule(layer, inputs, num_microbatches=num_microbatches)
@@ -210,16 +194,16 @@ def test_fast_path_matches_vectorized_on_mnist_cnn(num_microbatches):
   _compare_fast_and_vectorized(model, x, y, XENT, num_microbatches)
 
 
-@pytest.mark.parametrize("onednn, chunk", [("compiled", None), (False, 128), (True, 3),
-                                           (True, 100)])
+@pytest.mark.parametrize("onednn, chunk", [(False, 128), (True, 3), (True, 100)])
 @pytest.mark.parametrize("num_microbatches", [None, 4])
 def test_first_conv_onednn_branches_under_a_dynamic_batch(onednn, chunk, num_microbatches,
                                                           monkeypatch):
-  # The first (1-channel) conv forms per-example gradients with the compiled kernel, or with
-  # oneDNN's filter-gradient op in chunks, in a loop when the batch dimension is unknown
-  # (Poisson batches; 8 examples in chunks of 3: a padded last chunk), or unfolds.  Each must
-  # agree with the references.
-  _force_conv_path(monkeypatch, onednn, chunk)
+  # With oneDNN the first (1-channel) conv forms per-example gradients with the filter-gradient
+  # op in chunks, in a loop when the batch dimension is unknown (Poisson batches; 8 examples in
+  # chunks of 3: a padded last chunk); without, it unfolds.  Each must agree with the references.
+  from tf_dpkit.clipping.rules import conv as layer_registry
+  monkeypatch.setattr(layer_registry, "onednn_enabled", lambda: onednn)
+  monkeypatch.setattr(layer_registry, "_FILTER_BACKPROP_CHUNK", chunk)
   model = keras.Sequential([
       keras.Input((12, 12, 1)), keras.layers.Conv2D(4, 5, strides=2, padding="same",
                                                     activation="relu"),
@@ -402,44 +386,6 @@ def test_scalar_loss_is_refused_with_the_fix(method):
     clipped_sum_for_model(model, scalar_mse, _x(4, 3), _x(4, 2), None, 1.0, method=method)
 
 
-@pytest.mark.skipif(native.kernels() is None, reason="compiled CPU kernels unavailable here")
-@pytest.mark.parametrize("under_strategy", [False, True])
-def test_first_conv_compiled_kernel_with_and_without_a_strategy(under_strategy):
-  # The compiled kernel allocates only its output, so it is used under a strategy too (no
-  # freed-memory condition); the norms are the brute-force ones and removing one example moves
-  # the clipped sum by at most C (and by more than C/2: clipping binds).
-  from tf_dpkit.clipping.testing import removal_sensitivity
-  strategy = (tf.distribute.OneDeviceStrategy("/cpu:0") if under_strategy
-              else tf.distribute.get_strategy())
-  with strategy.scope():
-    model = keras.Sequential([keras.Input((12, 12, 1)), keras.layers.Conv2D(4, 5, strides=2),
-                              keras.layers.Flatten(), keras.layers.Dense(3)])
-  x = tf.constant(RNG.random((8, 12, 12, 1)).astype(np.float32))
-  y = tf.constant(RNG.integers(0, 3, 8))
-
-  @tf.function
-  def fast(x, y):
-    result, _ = clipped_sum_fast(model, XENT, (x, y, tf.ones_like(y, tf.float32)), 0.5, None)
-    return result.norms, result.grads
-
-  graphs = []
-
-  def clipped_sum(keep):
-    xs, ys = tf.gather(x, keep), tf.gather(y, keep)
-    with strategy.scope():
-      concrete = fast.get_concrete_function(xs, ys)
-      graphs.append(concrete.graph)
-      return concrete(xs, ys)
-
-  norms, _ = clipped_sum(np.arange(8))
-  _, expected_norms = _brute_force_clipped_sum(model, XENT, x, y, 0.5)
-  np.testing.assert_allclose(np.asarray(norms), expected_norms, rtol=2e-4)
-  assert np.min(expected_norms) > 0.5
-  assert 0.25 < removal_sensitivity(lambda keep: clipped_sum(keep)[1], 8) <= 0.5 * (1 + 1e-5)
-  for graph in graphs:
-    assert "DpkitConvKernelGrads" in {op.type for op in graph.get_operations()}
-
-
 @pytest.mark.parametrize("under_strategy, keeps_freed_memory, expect_op", [
     (False, False, True), (True, False, False), (True, True, True)])
 def test_first_conv_filter_backprop_op_under_a_strategy_only_where_freed_memory_is_kept(
@@ -452,7 +398,8 @@ def test_first_conv_filter_backprop_op_under_a_strategy_only_where_freed_memory_
   # sum by at most C (and by more than C/2: clipping binds).
   from tf_dpkit.clipping.rules import conv as conv_rule
   from tf_dpkit.clipping.testing import removal_sensitivity
-  _force_conv_path(monkeypatch, True, 128)  # the compiled kernel (no scratch) is tested below
+  monkeypatch.setattr(conv_rule, "onednn_enabled", lambda: True)
+  monkeypatch.setattr(conv_rule, "_FILTER_BACKPROP_CHUNK", 128)
   monkeypatch.setattr(conv_rule.distribute, "host_keeps_freed_memory", lambda: keeps_freed_memory)
   monkeypatch.setattr(conv_rule.distribute, "_fallback_reported", False)
   strategy = (tf.distribute.OneDeviceStrategy("/cpu:0") if under_strategy

@@ -169,7 +169,6 @@ def test_a_library_that_fails_the_self_check_is_not_used(monkeypatch):
     dpkit_add_stateless_normal = staticmethod(KERNELS.dpkit_add_stateless_normal)
     dpkit_token_squared_norms = staticmethod(KERNELS.dpkit_token_squared_norms)
     dpkit_scatter_scaled_rows = staticmethod(KERNELS.dpkit_scatter_scaled_rows)
-    dpkit_conv_kernel_grads = staticmethod(KERNELS.dpkit_conv_kernel_grads)
 
   class DropsRepeats(Broken):  # norms that square each position instead of each token's sum
     @staticmethod
@@ -181,22 +180,11 @@ def test_a_library_that_fails_the_self_check_is_not_used(monkeypatch):
       counted = tf.cast(tf.logical_and(ids >= 0, ids < tf.cast(vocab, tf.int32)), tf.float32)
       return tf.reduce_sum(tf.reduce_sum(tf.square(rows), axis=2) * counted, axis=1)
 
-  class PadsAtTheBottom(DropsRepeats):  # SAME padding's smaller half at the wrong end
-    dpkit_token_squared_norms = staticmethod(KERNELS.dpkit_token_squared_norms)
-
-    @staticmethod
-    def dpkit_conv_kernel_grads(x, g, kernel_size, stride, padding):
-      flipped = KERNELS.dpkit_conv_kernel_grads(x[:, ::-1, ::-1], g[:, ::-1, ::-1],
-                                                kernel_size=kernel_size, stride=stride,
-                                                padding=padding)
-      rows = tf.reshape(flipped, [tf.shape(x)[0], *kernel_size, -1, tf.shape(g)[-1]])
-      return tf.reshape(rows[:, ::-1, ::-1], tf.shape(flipped))
-
   class Missing:  # a library without the ops
     pass
 
   for fake, reason in ((Broken, "largest difference"), (DropsRepeats, "largest difference"),
-                       (PadsAtTheBottom, "largest difference"), (Missing, "AttributeError")):
+                       (Missing, "AttributeError")):
     monkeypatch.setattr(tf, "load_op_library", lambda path, fake=fake: fake)
     with pytest.raises(native.NativeUnavailable, match=f"failed its self-check.*{reason}"):
       native._load_and_check(native.build())
@@ -314,44 +302,3 @@ def test_embedding_kernels_equal_brute_force_token_sums(microbatches, positions,
 def test_embedding_kernels_refuse_bad_shapes(call, message):
   with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=message):
     call()
-
-
-@needs_kernels
-@pytest.mark.parametrize("padding", ["SAME", "VALID"])
-@pytest.mark.parametrize("shape, kernel_hw, stride", [
-    ((3, 9, 9, 1), (8, 8), 2), ((2, 7, 10, 3), (3, 2), 3), ((4, 5, 6, 2), (1, 1), 1),
-    ((2, 28, 28, 1), (8, 8), 2), ((0, 6, 6, 1), (3, 3), 1),
-    ((2, 8, 9, 2), (3, 2), 2)])  # SAME pads one row and one column: at the bottom and right
-def test_conv_kernel_grads_equal_per_example_tapes(shape, kernel_hw, stride, padding):
-  rng = np.random.default_rng(sum(shape) + stride)
-  x = tf.constant(rng.normal(size=shape).astype(np.float32))
-  kernel = tf.Variable(rng.normal(size=(*kernel_hw, shape[-1], 5)).astype(np.float32))
-  # (The output shape from one example: TensorFlow's conv of an empty batch misreports it.)
-  out = tf.nn.conv2d(tf.zeros((1,) + shape[1:]), kernel, strides=stride, padding=padding)
-  g = tf.constant(rng.normal(size=(shape[0],) + tuple(out.shape[1:])).astype(np.float32))
-  got = KERNELS.dpkit_conv_kernel_grads(x, g, kernel_size=kernel_hw, stride=stride,
-                                        padding=padding).numpy()
-  assert got.shape == (shape[0], kernel_hw[0] * kernel_hw[1] * shape[-1], 5)
-  for b in range(shape[0]):  # TensorFlow's own filter gradient, one example at a time
-    with tf.GradientTape() as tape:
-      z = tf.nn.conv2d(x[b:b + 1], kernel, strides=stride, padding=padding)
-    want = tape.gradient(z, kernel, output_gradients=g[b:b + 1]).numpy()
-    np.testing.assert_allclose(got[b], want.reshape(-1, 5), rtol=1e-5, atol=1e-5)
-
-
-@needs_kernels
-@pytest.mark.parametrize("x_shape, g_shape, attrs, message", [
-    ((2, 9, 9, 1), (2, 4, 5, 3), dict(kernel_size=[3, 3], stride=2, padding="SAME"),
-     "g's spatial shape 4x5 is not the convolution's output"),
-    ((2, 9, 9, 1), (3, 5, 5, 3), dict(kernel_size=[3, 3], stride=2, padding="SAME"),
-     "x must be \\[B, H, W, C\\] and g \\[B, OH, OW, P\\] with one B"),
-    ((2, 2, 9, 1), (2, 1, 4, 3), dict(kernel_size=[3, 3], stride=2, padding="VALID"),
-     "VALID padding needs x at least as large as the kernel"),
-    ((2, 9, 9, 1), (2, 5, 5, 3), dict(kernel_size=[3, 3], stride=0, padding="SAME"),
-     "stride must be >= 1"),
-    ((2, 9, 9, 1), (2, 5, 5, 3), dict(kernel_size=[3], stride=2, padding="SAME"),
-     "kernel_size must be two positive ints"),
-])
-def test_conv_kernel_grads_refuse_inconsistent_shapes(x_shape, g_shape, attrs, message):
-  with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=message):
-    KERNELS.dpkit_conv_kernel_grads(tf.zeros(x_shape), tf.zeros(g_shape), **attrs)

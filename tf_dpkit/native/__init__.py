@@ -1,12 +1,12 @@
-"""Compiled CPU kernels for the noise draw and two clipping rules, built from source on first use.
+"""Compiled CPU kernels for the noise draw and the Embedding rule, built from source on first use.
 
 Contract:
 
 * :func:`kernels_for` decides, in one place, whether work of a dtype on a device may use the
   kernels: float32 work, on a CPU (or unplaced while TensorFlow sees no GPU/TPU), outside
   XLA-compiled functions, and the library built and self-checked.  Otherwise the callers
-  (``tf_dpkit.noise``, ``tf_dpkit.clipping.rules.embedding`` and ``.conv``) use their
-  TensorFlow-op code, which computes the same quantities.
+  (``tf_dpkit.noise``, ``tf_dpkit.clipping.rules.embedding``) use their TensorFlow-op code,
+  which computes the same quantities.
 * Ops (float32, CPU): ``dpkit_stateless_normal(shape, key, counter)`` and
   ``dpkit_add_stateless_normal(x, stddev, key, counter)`` (``noise_kernels.cc``: the same
   Philox-4x32-10 uniforms as TensorFlow's stateless ops for ``(key, counter)`` from
@@ -14,8 +14,7 @@ Contract:
   ``tf_dpkit.noise``; only log/sin/cos are computed differently, a few float32 ulps);
   ``dpkit_token_squared_norms(ids, rows, vocab)`` and ``dpkit_scatter_scaled_rows(ids, rows,
   factors, vocab)`` (``embedding_kernels.cc``: the Embedding rule's per-microbatch norms and
-  clipped sum); ``dpkit_conv_kernel_grads(x, g, kernel_size, stride, padding)``
-  (``conv_kernels.cc``: per-example kernel gradients of an undilated 2-D convolution).
+  clipped sum).
 * A library is used only after a self-check at load time against float64 numpy references
   (Box-Muller of TensorFlow's own uniforms; brute-force token sums).  Any failure (no compiler,
   a compile error, a failed check) logs one warning on the ``tf_dpkit`` logger and leaves the
@@ -44,7 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 SOURCES = tuple(pathlib.Path(__file__).with_name(name)
-                for name in ("noise_kernels.cc", "embedding_kernels.cc", "conv_kernels.cc"))
+                for name in ("noise_kernels.cc", "embedding_kernels.cc"))
 #: Set to "0" to draw noise with TensorFlow ops only.
 SWITCH_VARIABLE = "TF_DPKIT_NATIVE"
 CACHE_VARIABLE = "TF_DPKIT_CACHE_DIR"
@@ -250,9 +249,8 @@ def reference_token_sums(ids, rows, factors, vocab):
 
 def _self_check(ops) -> float:
   """Largest difference of the kernels from the float64 references, over sizes with odd and
-  even halves, several chunks and threads, the fused add, token sums with repeats and uncounted
-  ids, and per-example convolution kernel gradients (SAME and VALID, strides 1 and 2).  Eager
-  (lifted out of any function being traced)."""
+  even halves, several chunks and threads, the fused add, and token sums with repeats and
+  uncounted ids.  Eager (lifted out of any function being traced)."""
   worst = 0.0
   with tf.init_scope(), tf.device("/CPU:0"):
     if not tf.executing_eagerly():  # a tf.compat.v1 graph program: check in eager mode
@@ -278,37 +276,7 @@ def _self_check(ops) -> float:
       scale = max(1.0, float(np.max(norms)))  # relative to the size of the norms
       worst = max(worst, np.max(np.abs(got_norms - norms)) / scale,
                   np.max(np.abs(got_sum - clipped)) / np.sqrt(scale))
-    # 8x9 with a 3x2 kernel at stride 2: SAME pads one row and one column (the bottom, right).
-    for size, kernel, stride, padding in ((8, (3, 2), 2, "SAME"), (8, (4, 4), 1, "VALID")):
-      x = generator.normal(size=(3, size, size + 1, 2)).astype(np.float32)
-      expected, g = reference_conv_kernel_grads(x, kernel, stride, padding, generator)
-      got = ops.dpkit_conv_kernel_grads(x, g, kernel_size=kernel, stride=stride,
-                                        padding=padding).numpy()
-      worst = max(worst, np.max(np.abs(got - expected)) / max(1.0, np.max(np.abs(expected))))
   return float(worst)
-
-
-def reference_conv_kernel_grads(x, kernel, stride, padding, generator):
-  """A random output gradient g for ``x`` [B, H, W, C] and, in float64 by loops over output
-  positions, each example's kernel gradient [B, kh*kw*C, P] (P = 3) of the convolution with
-  TensorFlow's padding (SAME: the smaller half of the padding on top and left)."""
-  x = np.asarray(x, np.float64)
-  batch, height, width, channels = x.shape
-  (kh, kw), sizes = kernel, (height, width)
-  if padding == "SAME":
-    out = [-(-n // stride) for n in sizes]
-    pads = [max((o - 1) * stride + k - n, 0) for o, k, n in zip(out, kernel, sizes)]
-  else:
-    out = [(n - k) // stride + 1 for n, k in zip(sizes, kernel)]
-    pads = [0, 0]
-  padded = np.pad(x, [(0, 0), (pads[0] // 2, pads[0] - pads[0] // 2),
-                      (pads[1] // 2, pads[1] - pads[1] // 2), (0, 0)])
-  g = generator.normal(size=(batch, out[0], out[1], 3)).astype(np.float32)
-  grads = np.zeros((batch, kh, kw, channels, 3))
-  for i, j in np.ndindex(out[0], out[1]):
-    patch = padded[:, i * stride:i * stride + kh, j * stride:j * stride + kw, :]
-    grads += np.einsum("bhwc,bp->bhwcp", patch, g[:, i, j].astype(np.float64))
-  return grads.reshape(batch, kh * kw * channels, 3), g
 
 
 def _run_eagerly(function, *args):

@@ -1,14 +1,13 @@
-"""``Conv1D`` / ``Conv2D``: patches unfolded, then linear-map norms; with 1-3 input channels
-(undilated, equal strides) per-example kernel gradients instead, from a compiled CPU kernel
-(``tf_dpkit.native``, float32 on a CPU) or, under oneDNN, from the depthwise filter-gradient op
-run on chunks of examples."""
+"""``Conv1D`` / ``Conv2D``: patches unfolded (or, with 1-3 input channels under oneDNN,
+per-example kernel gradients from the depthwise filter-gradient op run on chunks of examples),
+then linear-map norms."""
 from __future__ import annotations
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_dpkit import distribute, native
+from tf_dpkit import distribute
 from tf_dpkit.clipping.rules._linear import as_sequence, group_examples, LinearNorms, static
 from tf_dpkit.clipping.rules.registry import LayerTrace, register_layer_rule
 
@@ -177,13 +176,8 @@ def conv_rule(layer, inputs):
   # oneDNN the depthwise filter-gradient op gives the per-example gradients instead, in chunks
   # of _FILTER_BACKPROP_CHUNK examples; under a strategy only where freed memory is kept (see
   # there).
-  few_channels = (channels is not None and channels < 4 and dilations == [1, 1] and
-                  strides[0] == strides[1])
-  # The compiled kernel allocates only its output: no scratch, so no strategy condition.
-  kernels = (native.kernels_for(x.device, x.dtype) if few_channels and x.dtype == tf.float32
-             else None)
-  eligible = (few_channels and kernels is None and _FILTER_BACKPROP_CHUNK > 0 and
-              onednn_enabled())
+  eligible = (channels is not None and channels < 4 and dilations == [1, 1] and
+              strides[0] == strides[1] and _FILTER_BACKPROP_CHUNK > 0 and onednn_enabled())
   filter_backprop = eligible and (not tf.distribute.has_strategy() or
                                   distribute.host_keeps_freed_memory())
   if eligible and not filter_backprop:
@@ -191,15 +185,11 @@ def conv_rule(layer, inputs):
 
   def squared_norms(g, num_groups):
     g_seq = as_sequence(g)
-    if kernels is not None and g.dtype == tf.float32:
-      grads = kernels.dpkit_conv_kernel_grads(x, g, kernel_size=[int(k) for k in kernel.shape[:2]],
-                                              stride=int(strides[0]), padding=padding)
-    elif filter_backprop:
-      grads = per_example_conv_kernel_grads_in_chunks(x, g, kernel.shape[:2], strides, padding,
-                                                      _FILTER_BACKPROP_CHUNK)
-    else:
+    if not filter_backprop:
       patches = unfold_patches(x, kernel.shape[:2], strides, dilations, padding)
       return linear.squared_norms(patches, g_seq, num_groups)
+    grads = per_example_conv_kernel_grads_in_chunks(x, g, kernel.shape[:2], strides, padding,
+                                                    _FILTER_BACKPROP_CHUNK)
     grads = tf.reduce_sum(group_examples(grads[:, None], num_groups), axis=1)
     return linear.squared_norms_from_kernel_grads(grads, g_seq, num_groups)
   return LayerTrace(outputs, z, squared_norms,
