@@ -302,3 +302,22 @@ def test_embedding_kernels_equal_brute_force_token_sums(microbatches, positions,
 def test_embedding_kernels_refuse_bad_shapes(call, message):
   with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=message):
     call()
+
+
+@needs_kernels
+def test_a_tf_compat_v1_graph_program_loads_checks_and_uses_the_kernels():
+  # Eager execution off from the start: the load-time self-check still runs (eagerly), and the
+  # graph's noise comes from the fused kernel with the right scale.
+  out = run_python("""
+      import numpy as np, tensorflow as tf
+      tf.compat.v1.disable_eager_execution()
+      from tf_dpkit import native, noise
+      noised = noise.add_gaussian_noise([tf.zeros([100_001])], 2.0, 5, 3)[0]
+      with tf.compat.v1.Session() as session:
+        values = session.run(noised)
+      kinds = {op.type for op in tf.compat.v1.get_default_graph().get_operations()}
+      print("STD", round(float(values.std()), 2), "FUSED", "DpkitAddStatelessNormal" in kinds)
+      print("STATUS", native.status())
+  """).stdout
+  assert "STD 2.0 FUSED True" in out  # se of the std: 2 / sqrt(2 n) = 0.0045
+  assert "STATUS loaded from" in out
