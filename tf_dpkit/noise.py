@@ -172,7 +172,8 @@ def add_gaussian_noise(tensors, stddev, key, step, draw=0, replica=None, stream=
       seed = tf.random.experimental.stateless_fold_in(base_seed, tf.constant(index, tf.int64))
       scale = (tf.constant(stddev, dtype=tensor.dtype) if isinstance(stddev, numbers.Real)
                else tf.cast(stddev, tensor.dtype))
-      kernels = native.kernels_for(tensor.device, tensor.dtype) if part is None else None
+      fused = part is None and tensor.dtype == tf.float32  # the fused kernel takes float32
+      kernels = native.kernels_for(tensor.device, tensor.dtype) if fused else None
       if kernels is not None:  # one pass: tensor + scale * z, z as stateless_standard_normal's
         key_, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed)
         noised.append(kernels.dpkit_add_stateless_normal(tensor, scale, key_, counter))

@@ -321,3 +321,13 @@ def test_a_tf_compat_v1_graph_program_loads_checks_and_uses_the_kernels():
   """).stdout
   assert "STD 2.0 FUSED True" in out  # se of the std: 2 / sqrt(2 n) = 0.0045
   assert "STATUS loaded from" in out
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float64])
+def test_add_gaussian_noise_on_other_dtypes_keeps_their_dtype_and_scale(dtype):
+  # The fused kernel takes float32 only; 16-bit gradients get float32 normals cast down, float64
+  # the TensorFlow-op sampler's float64 normals.
+  noised = noise.add_gaussian_noise([tf.zeros([50_001], dtype)], 0.5, key=3, step=1)[0]
+  assert noised.dtype == dtype
+  values = tf.cast(noised, tf.float64).numpy()
+  assert abs(values.std() - 0.5) < 0.5 * 5 / np.sqrt(2 * values.size)
