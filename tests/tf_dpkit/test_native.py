@@ -331,3 +331,20 @@ def test_add_gaussian_noise_on_other_dtypes_keeps_their_dtype_and_scale(dtype):
   assert noised.dtype == dtype
   values = tf.cast(noised, tf.float64).numpy()
   assert abs(values.std() - 0.5) < 0.5 * 5 / np.sqrt(2 * values.size)
+
+
+def test_an_unexpected_build_failure_falls_back_with_its_reason(tmp_path):
+  # The kernels' sources missing (a broken install): a warning and the TensorFlow ops, not a
+  # crash inside the noise draw.
+  done = run_python("""
+      import logging, pathlib, numpy as np, tensorflow as tf
+      logging.basicConfig(level=logging.WARNING)
+      from tf_dpkit import native, noise
+      native.SOURCES = (pathlib.Path("/nonexistent/noise_kernels.cc"),)
+      seed = tf.constant([1, 2], tf.int64)
+      got = noise.stateless_standard_normal(tf.TensorShape([9]), seed).numpy()
+      ref = noise.tf_ops_standard_normal(tf.TensorShape([9]), seed).numpy()
+      print("EQUAL", np.array_equal(got, ref), "STATUS", native.status())
+  """, TF_DPKIT_CACHE_DIR=str(tmp_path))
+  assert "EQUAL True STATUS FileNotFoundError" in done.stdout
+  assert "compiled CPU kernels unavailable (FileNotFoundError" in done.stderr

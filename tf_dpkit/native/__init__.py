@@ -44,7 +44,7 @@ import tensorflow as tf
 
 SOURCES = tuple(pathlib.Path(__file__).with_name(name)
                 for name in ("noise_kernels.cc", "embedding_kernels.cc"))
-#: Set to "0" to draw noise with TensorFlow ops only.
+#: Set to "0" to run noise and Embedding clipping as TensorFlow ops only.
 SWITCH_VARIABLE = "TF_DPKIT_NATIVE"
 CACHE_VARIABLE = "TF_DPKIT_CACHE_DIR"
 #: The self-check's bound on the largest difference from its float64 references (normals are at
@@ -77,12 +77,13 @@ def kernels():
         _state["ops"] = _load_and_check(path)
         _state["path"] = str(path)
         _state["reason"] = f"loaded from {path}"
-      except NativeUnavailable as error:
-        _state["reason"] = str(error)
+      except Exception as error:  # noqa: BLE001 - optional speed-up: never fail training
+        _state["reason"] = (str(error) if isinstance(error, NativeUnavailable)
+                            else f"{type(error).__name__}: {error}")
         logging.getLogger("tf_dpkit").warning(
             "tf_dpkit: compiled CPU kernels unavailable (%s); noise and Embedding clipping run "
-            "as TensorFlow ops (same results, slower on CPU). Set %s=0 to silence this.",
-            error, SWITCH_VARIABLE)
+            "as TensorFlow ops (the same quantities, slower on CPU). Set %s=0 to silence this.",
+            _state["reason"], SWITCH_VARIABLE)
     return _state["ops"]
 
 
