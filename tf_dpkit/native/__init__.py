@@ -53,7 +53,7 @@ SELF_CHECK_TOLERANCE = 1e-5
 _BUILD_TIMEOUT_S = 600
 
 _lock = threading.Lock()
-_state = {"tried": False, "ops": None, "reason": "not tried yet", "path": None}
+_state = {"tried": False, "ops": None, "reason": "not tried yet"}
 
 
 class NativeUnavailable(RuntimeError):
@@ -75,7 +75,6 @@ def kernels():
       try:
         path = build()
         _state["ops"] = _load_and_check(path)
-        _state["path"] = str(path)
         _state["reason"] = f"loaded from {path}"
       except Exception as error:  # noqa: BLE001 - optional speed-up: never fail training
         _state["reason"] = (str(error) if isinstance(error, NativeUnavailable)
