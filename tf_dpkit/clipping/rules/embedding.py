@@ -57,8 +57,8 @@ class TokenSums:
     length = tf.shape(ids)[1]
     dtype = tf.float32 if g.dtype.size < 4 else g.dtype
     rows = tf.reshape(tf.cast(g, dtype), tf.stack([num_groups, length, tf.shape(g)[-1]]))
-    self._positions = (ids, counted, rows)
-    kernels = native.kernels_for(g.device, dtype)
+    kernels = native.kernels_for(g.device, dtype)  # decided once: clipped_sum follows it
+    self._positions = (ids, counted, rows, kernels)
     if kernels is not None:
       return kernels.dpkit_token_squared_norms(ids, rows, tf.constant(vocab, tf.int64))
 
@@ -90,8 +90,7 @@ class TokenSums:
   def clipped_sum(self, factors):
     if self._positions is None:
       return None
-    ids, counted, rows = self._positions
-    kernels = native.kernels_for(rows.device, rows.dtype)
+    ids, counted, rows, kernels = self._positions
     if kernels is not None:
       return [kernels.dpkit_scatter_scaled_rows(ids, rows, tf.cast(factors, rows.dtype),
                                                 tf.constant(self.vocab_size, tf.int64))]
