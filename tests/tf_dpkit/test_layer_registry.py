@@ -34,6 +34,7 @@ CASES = [
     ("conv2d_rect_kernel_no_bias", lambda: keras.layers.Conv2D(5, (2, 4), strides=(1, 2),
                                                                use_bias=False), lambda: _x(4, 7, 9, 3)),
     ("conv1d_same", lambda: keras.layers.Conv1D(4, 3, padding="same"), lambda: _x(6, 10, 3)),
+    ("conv2d_gram_form", lambda: keras.layers.Conv2D(32, 3, strides=2), lambda: _x(4, 5, 5, 8)),
     ("conv1d_valid_strided", lambda: keras.layers.Conv1D(2, 2, strides=2),
      lambda: _x(6, 11, 3)),
     ("depthwise2d_same_stride2_multiplier2", lambda: keras.layers.DepthwiseConv2D(
@@ -71,16 +72,31 @@ def test_rule_matches_per_example_reference(name, make_layer, make_inputs, num_m
 CONV_CASES = [c for c in CASES if c[0].startswith("conv")]
 
 
-@pytest.mark.parametrize("onednn, chunk", [(False, 128), (True, 128), (True, 3)])
+def use_conv_path(path, monkeypatch):
+  """Forces the conv rule's way to its norms: "compiled" (tf_dpkit.native; skipped where it is
+  unavailable), else TensorFlow ops with oneDNN's branch on or off ("onednn" / "plain")."""
+  from tf_dpkit import native
+  from tf_dpkit.clipping.rules import conv as conv_rule
+  if path == "compiled":
+    if native.kernels() is None:
+      pytest.skip(f"compiled CPU kernels unavailable here: {native.status()}")
+    return
+  monkeypatch.setattr(native, "kernels_for", lambda device, dtype: None)
+  monkeypatch.setattr(conv_rule, "onednn_enabled", lambda: path == "onednn")
+
+
+@pytest.mark.parametrize("path, chunk", [("compiled", 128), ("plain", 128), ("onednn", 128),
+                                         ("onednn", 3)])
 @pytest.mark.parametrize("num_microbatches", [None, 2])
 @pytest.mark.parametrize("name, make_layer, make_inputs", CONV_CASES,
                          ids=[c[0] for c in CONV_CASES])
-def test_conv_rule_matches_reference_with_and_without_the_onednn_branch(
-    name, make_layer, make_inputs, num_microbatches, onednn, chunk, monkeypatch):
-  # The per-example filter-gradient branch is taken only where oneDNN is on, in chunks of
-  # examples (3: uneven chunks); force each way so all are tested whatever CPU runs the tests.
+def test_conv_rule_matches_reference_on_each_path(
+    name, make_layer, make_inputs, num_microbatches, path, chunk, monkeypatch):
+  # The compiled kernel where it is available; else the per-example filter-gradient branch
+  # where oneDNN is on, in chunks of examples (3: uneven chunks), or unfolding: force each way
+  # so all are tested whatever CPU runs the tests.
   from tf_dpkit.clipping.rules import conv as layer_registry
-  monkeypatch.setattr(layer_registry, "onednn_enabled", lambda: onednn)
+  use_conv_path(path, monkeypatch)
   monkeypatch.setattr(layer_registry, "_FILTER_BACKPROP_CHUNK", chunk)
   inputs = make_inputs()
   layer = _built(make_layer(), inputs)
@@ -194,15 +210,16 @@ def test_fast_path_matches_vectorized_on_mnist_cnn(num_microbatches):
   _compare_fast_and_vectorized(model, x, y, XENT, num_microbatches)
 
 
-@pytest.mark.parametrize("onednn, chunk", [(False, 128), (True, 3), (True, 100)])
+@pytest.mark.parametrize("path, chunk", [("compiled", 128), ("plain", 128), ("onednn", 3),
+                                         ("onednn", 100)])
 @pytest.mark.parametrize("num_microbatches", [None, 4])
-def test_first_conv_onednn_branches_under_a_dynamic_batch(onednn, chunk, num_microbatches,
-                                                          monkeypatch):
-  # With oneDNN the first (1-channel) conv forms per-example gradients with the filter-gradient
-  # op in chunks, in a loop when the batch dimension is unknown (Poisson batches; 8 examples in
-  # chunks of 3: a padded last chunk); without, it unfolds.  Each must agree with the references.
+def test_first_conv_paths_under_a_dynamic_batch(path, chunk, num_microbatches, monkeypatch):
+  # The compiled kernel where available; with oneDNN the first (1-channel) conv forms
+  # per-example gradients with the filter-gradient op in chunks, in a loop when the batch
+  # dimension is unknown (Poisson batches; 8 examples in chunks of 3: a padded last chunk);
+  # without, it unfolds.  Each must agree with the references.
   from tf_dpkit.clipping.rules import conv as layer_registry
-  monkeypatch.setattr(layer_registry, "onednn_enabled", lambda: onednn)
+  use_conv_path(path, monkeypatch)
   monkeypatch.setattr(layer_registry, "_FILTER_BACKPROP_CHUNK", chunk)
   model = keras.Sequential([
       keras.Input((12, 12, 1)), keras.layers.Conv2D(4, 5, strides=2, padding="same",
@@ -398,7 +415,7 @@ def test_first_conv_filter_backprop_op_under_a_strategy_only_where_freed_memory_
   # sum by at most C (and by more than C/2: clipping binds).
   from tf_dpkit.clipping.rules import conv as conv_rule
   from tf_dpkit.clipping.testing import removal_sensitivity
-  monkeypatch.setattr(conv_rule, "onednn_enabled", lambda: True)
+  use_conv_path("onednn", monkeypatch)
   monkeypatch.setattr(conv_rule, "_FILTER_BACKPROP_CHUNK", 128)
   monkeypatch.setattr(conv_rule.distribute, "host_keeps_freed_memory", lambda: keeps_freed_memory)
   monkeypatch.setattr(conv_rule.distribute, "_fallback_reported", False)
@@ -439,3 +456,25 @@ def test_first_conv_filter_backprop_op_under_a_strategy_only_where_freed_memory_
   assert len(reports) == (0 if expect_op else 1)
   assert all("Import tf_dpkit before" in r.getMessage() and "MALLOC_TOP_PAD_=67108864" in
              r.getMessage() for r in reports)
+
+
+@pytest.mark.parametrize("accelerator", [False, True])
+def test_conv_rule_takes_the_compiled_kernel_on_a_cpu_only(accelerator, monkeypatch):
+  # float32 work with a static image size on this CPU: the compiled norms and no unfolding or
+  # filter-gradient chunks; where a GPU could take the ops: TensorFlow ops only.
+  from tf_dpkit import native
+  if native.kernels() is None:
+    pytest.skip(f"compiled CPU kernels unavailable here: {native.status()}")
+  monkeypatch.setattr(native, "_accelerators_visible", lambda: accelerator)
+  layer = _built(keras.layers.Conv2D(16, 8, strides=2, padding="same"), _x(2, 28, 28, 1))
+
+  @tf.function(input_signature=[tf.TensorSpec([4, 28, 28, 1]), tf.TensorSpec([4, 14, 14, 16]),
+                                tf.TensorSpec([4])])
+  def step(x, g, factors):
+    trace = lookup_rule(layer)(layer, x)
+    return trace.squared_norms(g, 4), trace.clipped_sum(factors)
+
+  used = {op.type for op in step.get_concrete_function().graph.get_operations()}
+  assert ("DpkitConvKernelGradSquaredNorms" in used) is not accelerator
+  # The TensorFlow-op ways: filter-gradient chunks (oneDNN) or unfolded patches + matmul.
+  assert bool({"DepthwiseConv2dNativeBackpropFilter", "BatchMatMulV2"} & used) is accelerator

@@ -169,6 +169,15 @@ def test_a_library_that_fails_the_self_check_is_not_used(monkeypatch):
     dpkit_add_stateless_normal = staticmethod(KERNELS.dpkit_add_stateless_normal)
     dpkit_token_squared_norms = staticmethod(KERNELS.dpkit_token_squared_norms)
     dpkit_scatter_scaled_rows = staticmethod(KERNELS.dpkit_scatter_scaled_rows)
+    dpkit_conv_kernel_grad_squared_norms = staticmethod(
+        KERNELS.dpkit_conv_kernel_grad_squared_norms)
+
+  class DropsConvBias(Broken):  # convolution norms without the bias gradient's part
+    dpkit_stateless_normal = staticmethod(KERNELS.dpkit_stateless_normal)
+
+    @staticmethod
+    def dpkit_conv_kernel_grad_squared_norms(*args, with_bias=False, **kwargs):
+      return KERNELS.dpkit_conv_kernel_grad_squared_norms(*args, with_bias=False, **kwargs)
 
   class DropsRepeats(Broken):  # norms that square each position instead of each token's sum
     @staticmethod
@@ -184,7 +193,7 @@ def test_a_library_that_fails_the_self_check_is_not_used(monkeypatch):
     pass
 
   for fake, reason in ((Broken, "largest difference"), (DropsRepeats, "largest difference"),
-                       (Missing, "AttributeError")):
+                       (DropsConvBias, "largest difference"), (Missing, "AttributeError")):
     monkeypatch.setattr(tf, "load_op_library", lambda path, fake=fake: fake)
     with pytest.raises(native.NativeUnavailable, match=f"failed its self-check.*{reason}"):
       native._load_and_check(native.build())
@@ -302,6 +311,94 @@ def test_embedding_kernels_equal_brute_force_token_sums(microbatches, positions,
 def test_embedding_kernels_refuse_bad_shapes(call, message):
   with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=message):
     call()
+
+
+def autodiff_conv_norms(x, g, kernel_hw, strides, dilations, padding, groups):
+  """float64 reference by another route: each example's kernel and bias gradients from
+  TensorFlow's own convolution gradient (<conv(x_b, W) + bias, g_b> differentiated), summed
+  per microbatch, then squared."""
+  x, g = tf.constant(x, tf.float64), tf.constant(g, tf.float64)
+  kernel = tf.zeros([*kernel_hw, x.shape[-1], g.shape[-1]], tf.float64)
+  bias = tf.zeros([g.shape[-1]], tf.float64)
+  kernels, biases = [], []
+  for b in range(x.shape[0]):
+    with tf.GradientTape() as tape:
+      tape.watch([kernel, bias])
+      z = tf.nn.convolution(x[b:b + 1], kernel, strides=strides, padding=padding,
+                            dilations=dilations) + bias
+      inner = tf.reduce_sum(z * g[b:b + 1])
+    k_grad, b_grad = tape.gradient(inner, [kernel, bias])
+    kernels.append(k_grad.numpy().ravel())
+    biases.append(b_grad.numpy())
+  kernels = np.reshape(kernels, (groups, -1, len(kernels[0]))).sum(axis=1)
+  biases = np.reshape(biases, (groups, -1, len(biases[0]))).sum(axis=1)
+  return (kernels**2).sum(axis=1), biases, kernels.reshape(groups, -1, g.shape[-1])
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape, filters, kernel_hw, strides, dilations, padding, groups", [
+    ((3, 28, 28, 1), 16, (8, 8), (2, 2), (1, 1), "SAME", 3),     # the MNIST CNN's first layer
+    ((4, 13, 13, 16), 32, (4, 4), (2, 2), (1, 1), "VALID", 4),   # its second
+    ((4, 13, 13, 16), 32, (4, 4), (2, 2), (1, 1), "VALID", 1),   # 4 examples in one microbatch
+    ((2, 9, 11, 3), 70, (3, 2), (1, 1), (2, 3), "SAME", 2),      # dilated; 32+32+6 filters
+    ((2, 6, 7, 3), 70, (3, 2), (1, 1), (2, 3), "VALID", 1),      # dilated, 2 examples
+    ((5, 8, 10, 5), 7, (3, 3), (1, 2), (1, 1), "SAME", 5),       # fewer than 8 filters
+    ((2, 1, 30, 4), 24, (1, 5), (1, 3), (1, 1), "SAME", 2),      # a Conv1D (height 1)
+    ((2, 6, 6, 2), 3, (7, 7), (1, 1), (1, 1), "SAME", 1),        # kernel larger than the image
+    ((1, 4, 4, 1), 1, (1, 1), (1, 1), (1, 1), "VALID", 1),
+])
+def test_conv_kernel_equals_autodiff_per_example_gradients(shape, filters, kernel_hw, strides,
+                                                          dilations, padding, groups):
+  from tf_dpkit.clipping.rules.conv import same_or_valid_pads
+  rng = np.random.default_rng(sum(shape) + filters)
+  x = rng.normal(size=shape).astype(np.float32)
+  out = tf.nn.convolution(tf.zeros(shape), tf.zeros([*kernel_hw, shape[-1], filters]),
+                          strides=strides, padding=padding, dilations=dilations).shape
+  g = rng.normal(size=out).astype(np.float32)
+  pads = same_or_valid_pads(shape[1:3], kernel_hw, strides, dilations, padding)
+  expected_norms, expected_bias, expected_grads = autodiff_conv_norms(
+      x, g, kernel_hw, strides, dilations, padding, groups)
+  for with_bias, keep_grads in ((False, True), (True, False)):
+    norms, bias, grads = KERNELS.dpkit_conv_kernel_grad_squared_norms(
+        x, g, tf.constant(groups, tf.int64), kernel_size=kernel_hw, strides=strides,
+        dilations=dilations, pads=pads, with_bias=with_bias, keep_grads=keep_grads)
+    if keep_grads:
+      np.testing.assert_allclose(grads.numpy(), expected_grads, rtol=1e-5, atol=1e-4)
+    else:
+      assert grads.shape == (0, expected_grads.shape[1], filters)
+    want = expected_norms + (np.sum(expected_bias**2, axis=1) if with_bias else 0.0)
+    # float32 sums of up to ~800 products of size ~1 per entry, squares totalled in double.
+    np.testing.assert_allclose(norms.numpy(), want, rtol=2e-5)
+    np.testing.assert_allclose(bias.numpy(), expected_bias, rtol=1e-5, atol=1e-4)
+
+
+@needs_kernels
+@pytest.mark.parametrize("call, message", [
+    (lambda: conv_op(np.zeros([2, 5, 5], np.float32), np.zeros([2, 3, 3, 4], np.float32), 2),
+     "x must be \\[B, H, W, C\\] and g \\[B, OH, OW, P\\] with the same B"),
+    (lambda: conv_op(np.zeros([2, 5, 5, 1], np.float32), np.zeros([3, 3, 3, 4], np.float32), 1),
+     "with the same B"),
+    (lambda: conv_op(np.zeros([4, 5, 5, 1], np.float32), np.zeros([4, 3, 3, 4], np.float32), 3),
+     "num_groups must be >= 1 and divide the batch size 4, got 3"),
+    (lambda: conv_op(np.zeros([4, 5, 5, 1], np.float32), np.zeros([4, 3, 3, 4], np.float32), 0),
+     "num_groups must be >= 1"),
+    (lambda: conv_op(np.zeros([2, 5, 5, 1], np.float32), np.zeros([2, 3, 3, 4], np.float32), 2,
+                     kernel_size=[3]), "kernel_size must have 2 entries"),
+    (lambda: conv_op(np.zeros([2, 5, 5, 1], np.float32), np.zeros([2, 3, 3, 4], np.float32), 2,
+                     strides=[0, 1]), "strides must be >= 1"),
+    (lambda: conv_op(np.zeros([2, 5, 5, 1], np.float32), np.zeros([2, 3, 3, 4], np.float32), 2,
+                     pads=[-1, 0]), "pads must be >= 0"),
+])
+def test_conv_kernel_refuses_bad_arguments(call, message):
+  with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=message):
+    call()
+
+
+def conv_op(x, g, groups, **attrs):
+  attrs = {"kernel_size": [3, 3], "strides": [1, 1], "dilations": [1, 1], "pads": [0, 0],
+           **attrs}
+  return KERNELS.dpkit_conv_kernel_grad_squared_norms(x, g, tf.constant(groups, tf.int64),
+                                                      **attrs)
 
 
 @needs_kernels

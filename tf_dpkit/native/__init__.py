@@ -1,11 +1,13 @@
-"""Compiled CPU kernels for the noise draw and the Embedding rule, built from source on first use.
+"""Compiled CPU kernels for the noise draw and the Embedding and convolution rules, built from
+source on first use.
 
 Contract:
 
 * :func:`kernels_for` decides, in one place, whether work of a dtype on a device may use the
   kernels: float32 work, on a CPU (or unplaced while TensorFlow sees no GPU/TPU), outside
   XLA-compiled functions, and the library built and self-checked.  Otherwise the callers
-  (``tf_dpkit.noise``, ``tf_dpkit.clipping.rules.embedding``) use their TensorFlow-op code,
+  (``tf_dpkit.noise``, ``tf_dpkit.clipping.rules.embedding``, ``tf_dpkit.clipping.rules.conv``)
+  use their TensorFlow-op code,
   which computes the same quantities.
 * Ops (float32, CPU): ``dpkit_stateless_normal(shape, key, counter)`` and
   ``dpkit_add_stateless_normal(x, stddev, key, counter)`` (``noise_kernels.cc``: the same
@@ -14,9 +16,13 @@ Contract:
   ``tf_dpkit.noise``; only log/sin/cos are computed differently, a few float32 ulps);
   ``dpkit_token_squared_norms(ids, rows, vocab)`` and ``dpkit_scatter_scaled_rows(ids, rows,
   factors, vocab)`` (``embedding_kernels.cc``: the Embedding rule's per-microbatch norms and
-  clipped sum).
+  clipped sum); ``dpkit_conv_kernel_grad_squared_norms(x, g, num_groups, kernel_size, strides,
+  dilations, pads, with_bias, keep_grads)`` (``conv_kernels.cc``: a convolution's per-microbatch
+  kernel-gradient squared norms (with the bias part), bias gradients and, optionally, kernel
+  gradients, without unfolding patches).
 * A library is used only after a self-check at load time against float64 numpy references
-  (Box-Muller of TensorFlow's own uniforms; brute-force token sums).  Any failure (no compiler,
+  (Box-Muller of TensorFlow's own uniforms; brute-force token sums; brute-force convolution
+  kernel gradients).  Any failure (no compiler,
   a compile error, a failed check) logs one warning on the ``tf_dpkit`` logger and leaves the
   TensorFlow-op code in use: never a different noise distribution or clipping, only slower.
 * Built once per source text, TensorFlow build, compiler and CPU (``-march=native``) into a
@@ -43,8 +49,8 @@ import numpy as np
 import tensorflow as tf
 
 SOURCES = tuple(pathlib.Path(__file__).with_name(name)
-                for name in ("noise_kernels.cc", "embedding_kernels.cc"))
-#: Set to "0" to run noise and Embedding clipping as TensorFlow ops only.
+                for name in ("noise_kernels.cc", "embedding_kernels.cc", "conv_kernels.cc"))
+#: Set to "0" to run noise, Embedding and convolution clipping as TensorFlow ops only.
 SWITCH_VARIABLE = "TF_DPKIT_NATIVE"
 CACHE_VARIABLE = "TF_DPKIT_CACHE_DIR"
 #: The self-check's bound on the largest difference from its float64 references (normals are at
@@ -65,6 +71,7 @@ def enabled() -> bool:
   return os.environ.get(SWITCH_VARIABLE, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+@tf.autograph.experimental.do_not_convert  # plain Python, also when called while tracing
 def kernels():
   """The loaded op module, or ``None`` (then :func:`status` says why).  Builds on first call."""
   if not enabled():
@@ -80,12 +87,14 @@ def kernels():
         _state["reason"] = (str(error) if isinstance(error, NativeUnavailable)
                             else f"{type(error).__name__}: {error}")
         logging.getLogger("tf_dpkit").warning(
-            "tf_dpkit: compiled CPU kernels unavailable (%s); noise and Embedding clipping run "
-            "as TensorFlow ops (the same quantities, slower on CPU). Set %s=0 to silence this.",
+            "tf_dpkit: compiled CPU kernels unavailable (%s); noise, Embedding and convolution "
+            "clipping run as TensorFlow ops (the same quantities, slower on CPU). Set %s=0 to "
+            "silence this.",
             _state["reason"], SWITCH_VARIABLE)
     return _state["ops"]
 
 
+@tf.autograph.experimental.do_not_convert
 def kernels_for(device, dtype):
   """:func:`kernels` when work of ``dtype`` for ``device`` (a device string; ``""`` or None for
   "wherever TensorFlow places it") may use them, else None: float32 work (float16 and bfloat16
@@ -247,10 +256,35 @@ def reference_token_sums(ids, rows, factors, vocab):
           np.einsum("j,jvd->vd", np.asarray(factors, np.float64), grads))
 
 
+def reference_conv_norms(x, g, kernel_size, strides, dilations, pads, num_groups,
+                         with_bias=False):
+  """Brute force in float64, for the ``num_groups`` microbatches of consecutive examples:
+  ``(squared norms, bias gradients, kernel gradients)``: ``kernel_j = sum over examples b of
+  microbatch j, positions (oy, ox) of patch(x_b)[oy, ox] (x) g_b[oy, ox]`` ([kh kw C, P]),
+  ``bias_j = sum over b, (oy, ox) of g_b[oy, ox]``, and ``||kernel_j||^2`` (plus
+  ``||bias_j||^2`` with ``with_bias``), where
+  ``patch[oy, ox][ky, kx, c] = x[oy sh + ky dh - pad_top, ox sw + kx dw - pad_left, c]`` (zero
+  outside the image): what the convolution kernel must return.  ``x`` [B, H, W, C], ``g``
+  [B, OH, OW, P]; the other arguments are (height, width) pairs."""
+  x, g = np.asarray(x, np.float64), np.asarray(g, np.float64)
+  (kh, kw), (sh, sw), (dh, dw), (top, left) = kernel_size, strides, dilations, pads
+  batch, height, width, channels = x.shape
+  grads = np.zeros((batch, kh, kw, channels, g.shape[3]))
+  for oy, ox, ky, kx in np.ndindex(g.shape[1], g.shape[2], kh, kw):
+    iy, ix = oy * sh + ky * dh - top, ox * sw + kx * dw - left
+    if 0 <= iy < height and 0 <= ix < width:
+      grads[:, ky, kx] += np.einsum("bc,bp->bcp", x[:, iy, ix], g[:, oy, ox])
+  grads = grads.reshape(num_groups, batch // num_groups, -1).sum(axis=1)
+  bias = g.sum(axis=(1, 2)).reshape(num_groups, batch // num_groups, -1).sum(axis=1)
+  norms = np.sum(grads**2, axis=1) + (np.sum(bias**2, axis=1) if with_bias else 0.0)
+  return norms, bias, grads.reshape(num_groups, kh * kw * channels, g.shape[3])
+
+
 def _self_check(ops) -> float:
   """Largest difference of the kernels from the float64 references, over sizes with odd and
   even halves, several chunks and threads, the fused add, and token sums with repeats and
-  uncounted ids.  Eager (lifted out of any function being traced)."""
+  uncounted ids, and convolution norms over the kernel's code paths (blocks of 32, 16, 8 and
+  fewer filters; dilation; microbatches).  Eager (lifted out of any function being traced)."""
   worst = 0.0
   with tf.init_scope(), tf.device("/CPU:0"):
     if not tf.executing_eagerly():  # a tf.compat.v1 graph program: check in eager mode
@@ -276,6 +310,27 @@ def _self_check(ops) -> float:
       scale = max(1.0, float(np.max(norms)))  # relative to the size of the norms
       worst = max(worst, np.max(np.abs(got_norms - norms)) / scale,
                   np.max(np.abs(got_sum - clipped)) / np.sqrt(scale))
+    # Blocks of 12 taps for 16 filters, of 6, 12, 16 taps for 32, 16, 8 filters and narrow
+    # filters; dilated columns; microbatches of 2.
+    for batch, image, channels, filters, kernel, strides, dilations, pads, groups, bias in (
+        (2, (12, 16), 1, 16, (2, 13), (1, 1), (1, 1), (1, 6), 2, True),
+        (2, (9, 9), 8, 59, (2, 2), (1, 1), (1, 1), (0, 0), 1, False),
+        (1, (12, 12), 2, 5, (2, 2), (1, 1), (1, 1), (1, 1), 1, True),
+        (4, (6, 7), 6, 37, (3, 2), (1, 1), (2, 3), (0, 0), 2, True),
+        (2, (7, 7), 16, 40, (2, 2), (2, 2), (1, 1), (0, 0), 2, False)):
+      x = generator.normal(size=(batch, *image, channels)).astype(np.float32)
+      out = [(size + 2 * pad - (k - 1) * d - 1) // s + 1
+             for size, pad, k, d, s in zip(image, pads, kernel, dilations, strides)]
+      g = generator.normal(size=(batch, *out, filters)).astype(np.float32)
+      norms, bias_grads, grads = reference_conv_norms(x, g, kernel, strides, dilations, pads,
+                                                      groups, bias)
+      got_norms, got_bias, got_grads = ops.dpkit_conv_kernel_grad_squared_norms(
+          x, g, tf.constant(groups, tf.int64), kernel_size=kernel, strides=strides,
+          dilations=dilations, pads=pads, with_bias=bias, keep_grads=True)
+      scale = max(1.0, float(np.max(norms)))
+      worst = max(worst, np.max(np.abs(got_norms.numpy() - norms)) / scale,
+                  np.max(np.abs(got_bias.numpy() - bias_grads)) / np.sqrt(scale),
+                  np.max(np.abs(got_grads.numpy() - grads)) / np.sqrt(scale))
   return float(worst)
 
 

@@ -1,13 +1,27 @@
-"""``Conv1D`` / ``Conv2D``: patches unfolded (or, with 1-3 input channels under oneDNN,
-per-example kernel gradients from the depthwise filter-gradient op run on chunks of examples),
-then linear-map norms."""
+"""``Conv1D`` / ``Conv2D``: per-microbatch kernel-gradient norms of a linear map on patches.
+
+Microbatch ``j``'s kernel gradient is ``A_j^T G_j`` with ``A_j`` its examples' patches [S, kh kw
+C] and ``G_j`` the output gradients [S, p] (``_linear.LinearNorms``).  Three ways, one chosen
+per layer while tracing:
+
+* compiled (``tf_dpkit.native``: float32 or 16-bit work on a CPU outside XLA, static image
+  size, and the explicit form costing at most ``_NATIVE_ADVANTAGE`` times the Gram form):
+  ``||A_j^T G_j||^2`` and the bias part formed block by block from the padded images, no patch
+  in memory; the clipped sum ``sum_j c_j A_j^T G_j`` is a contraction of the per-microbatch
+  gradients, kept where they are no larger than the layer's input or output, else one filter
+  gradient with each example's input (or output gradient, whichever is smaller) scaled by its
+  ``c_j``;
+* with 1-3 input channels under oneDNN: per-example kernel gradients from the depthwise
+  filter-gradient op run on chunks of examples;
+* otherwise patches unfolded, then the explicit or Gram form.
+"""
 from __future__ import annotations
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_dpkit import distribute
+from tf_dpkit import distribute, native
 from tf_dpkit.clipping.rules._linear import as_sequence, group_examples, LinearNorms, static
 from tf_dpkit.clipping.rules.registry import LayerTrace, register_layer_rule
 
@@ -59,6 +73,22 @@ def unfold_patches(x, kernel_hw, strides, dilations, padding):
 # or MALLOC_TOP_PAD_), else the unfolding
 # (benchmarks/first_conv_methods.py measures both, with page faults).
 _FILTER_BACKPROP_CHUNK = 128
+
+
+# The compiled kernel forms the explicit per-microbatch gradients (cost S d p multiply-adds) at
+# about 2.5 times the speed of the TensorFlow-op Gram form (unfolding and batched matmuls, cost
+# S^2 (d + p)) for the MNIST CNN's second layer, where the two costs are about equal; it is chosen
+# while it costs at most this many times the Gram form.
+_NATIVE_ADVANTAGE = 2
+
+
+def same_or_valid_pads(image_hw, kernel_hw, strides, dilations, padding):
+  """(top, left) zero padding of a 2-D convolution as TensorFlow pads it ("SAME": the smaller
+  half of the total on top/left; "VALID": none), or None when the image size is not static."""
+  if image_hw[0] is None or image_hw[1] is None:
+    return None
+  return tuple(_gather_indices(int(size), int(k), int(s), int(d), padding)[1][0]
+               for size, k, s, d in zip(image_hw, kernel_hw, strides, dilations))
 
 
 def onednn_enabled() -> bool:
@@ -172,12 +202,26 @@ def conv_rule(layer, inputs):
   linear = LinearNorms(layer.use_bias)
 
   channels = static(x.shape[-1])
+  kernel_hw = [int(k) for k in kernel.shape[:2]]
+  pads = same_or_valid_pads(x.shape[1:3], kernel_hw, strides, dilations, padding)
+  out_h, out_w, filters = (static(size) for size in z.shape[1:])
+  compiled = None
+  if pads is not None and None not in (out_h, out_w, channels, filters):
+    taps = kernel_hw[0] * kernel_hw[1] * channels
+    if linear.explicit_is_cheaper(_NATIVE_ADVANTAGE * out_h * out_w, taps, filters):
+      compiled = native.kernels_for(x.device, x.dtype)
+  # The per-microbatch kernel gradients are kept (the clipped sum is then one small contraction
+  # instead of a filter gradient) when they need no more memory than the layer's input or output
+  # gradient: kh kw C P <= max(H W C, OH OW P).
+  keep_grads = (compiled is not None and
+                taps * filters <= max(x.shape[1:].num_elements(), z.shape[1:].num_elements()))
   # Few input channels are unfolded by an identity convolution of cost B S (kh kw C)^2; with
   # oneDNN the depthwise filter-gradient op gives the per-example gradients instead, in chunks
   # of _FILTER_BACKPROP_CHUNK examples; under a strategy only where freed memory is kept (see
   # there).
-  eligible = (channels is not None and channels < 4 and dilations == [1, 1] and
-              strides[0] == strides[1] and _FILTER_BACKPROP_CHUNK > 0 and onednn_enabled())
+  eligible = (compiled is None and channels is not None and channels < 4 and
+              dilations == [1, 1] and strides[0] == strides[1] and _FILTER_BACKPROP_CHUNK > 0
+              and onednn_enabled())
   filter_backprop = eligible and (not tf.distribute.has_strategy() or
                                   distribute.host_keeps_freed_memory())
   if eligible and not filter_backprop:
@@ -185,12 +229,56 @@ def conv_rule(layer, inputs):
 
   def squared_norms(g, num_groups):
     g_seq = as_sequence(g)
+    if compiled is not None:
+      wide = lambda t: tf.cast(t, tf.float32)
+      norms, bias_grads, kernel_grads = compiled.dpkit_conv_kernel_grad_squared_norms(
+          wide(x), wide(g), tf.cast(num_groups, tf.int64), kernel_size=kernel_hw,
+          strides=strides, dilations=dilations, pads=list(pads), with_bias=layer.use_bias,
+          keep_grads=keep_grads)
+      scaled_sum.inputs = (g, bias_grads, kernel_grads if keep_grads else None, num_groups)
+      return norms
     if not filter_backprop:
-      patches = unfold_patches(x, kernel.shape[:2], strides, dilations, padding)
+      patches = unfold_patches(x, kernel_hw, strides, dilations, padding)
       return linear.squared_norms(patches, g_seq, num_groups)
-    grads = per_example_conv_kernel_grads_in_chunks(x, g, kernel.shape[:2], strides, padding,
+    grads = per_example_conv_kernel_grads_in_chunks(x, g, kernel_hw, strides, padding,
                                                     _FILTER_BACKPROP_CHUNK)
     grads = tf.reduce_sum(group_examples(grads[:, None], num_groups), axis=1)
     return linear.squared_norms_from_kernel_grads(grads, g_seq, num_groups)
-  return LayerTrace(outputs, z, squared_norms,
-                    lambda factors: linear.clipped_sum(factors, tf.shape(layer.kernel)))
+
+  def scaled_sum(factors):
+    """``sum_j c_j grad_j``: a linear function of the g the norms were formed from."""
+    if scaled_sum.inputs is None:
+      return linear.clipped_sum(factors, tf.shape(layer.kernel))
+    g, bias_grads, kernel_grads, num_groups = scaled_sum.inputs
+    factors = tf.cast(factors, tf.float32)
+    if kernel_grads is not None:
+      kernel_sum = tf.tensordot(factors, kernel_grads, axes=1)
+    else:
+      kernel_sum = filter_gradient_scaled(x, g, kernel, factors, num_groups, strides, dilations,
+                                          padding)
+    sums = [tf.reshape(kernel_sum, tf.shape(layer.kernel))]
+    if layer.use_bias:
+      sums.append(tf.tensordot(factors, bias_grads, axes=1))
+    return sums
+  scaled_sum.inputs = None
+  return LayerTrace(outputs, z, squared_norms, scaled_sum)
+
+
+def filter_gradient_scaled(x, g, kernel, factors, num_groups, strides, dilations, padding):
+  """``sum_b c_{j(b)} dL_b/dW`` of ``z = conv(x, W)`` (W's shape): the filter gradient of ``x``
+  and ``g`` [B, OH, OW, P] with example ``b``'s input (or output gradient, whichever has fewer
+  entries; the gradient is bilinear in the two) scaled by its microbatch's factor ``c_j``
+  (``factors`` [M], consecutive microbatches of ``B / M`` examples)."""
+  batch = tf.shape(x)[0]
+  per_example = tf.repeat(factors, batch // tf.maximum(tf.cast(num_groups, tf.int32), 1))
+  scale = lambda t: t * tf.reshape(tf.cast(per_example, t.dtype), [-1, 1, 1, 1])
+  x_size, g_size = x.shape[1:].num_elements(), g.shape[1:].num_elements()
+  if x_size is not None and g_size is not None and x_size < g_size:
+    x = scale(x)
+  else:
+    g = scale(g)
+  with tf.GradientTape() as tape:  # only the filter gradient is used: the forward conv is pruned
+    kernel = tf.convert_to_tensor(kernel)
+    tape.watch(kernel)
+    z = tf.nn.convolution(x, kernel, strides=strides, padding=padding, dilations=dilations)
+  return tape.gradient(z, kernel, output_gradients=tf.cast(g, z.dtype))
