@@ -1,16 +1,18 @@
-"""DP step time of the MNIST CNN with each first-layer per-example method, with and without a
+"""DP step time of the MNIST CNN with each convolution per-example method, with and without a
 ``tf.distribute`` strategy, against the non-private step (interleaved, same process).
 
     python benchmarks/first_conv_methods.py                 # none and one_device, 30 reps
     python benchmarks/first_conv_methods.py --batch=1024 --chunk=128   # op calls of 128 examples
     TF_DPKIT_KEEP_FREED_MEMORY=0 python benchmarks/first_conv_methods.py  # without glibc's pad
 
-The conv rule forms the per-example kernel gradients of a convolution with fewer than 4 input
-channels either by unfolding patches (identity convolution + batched matmul) or, under oneDNN,
-in calls of ``conv._FILTER_BACKPROP_CHUNK`` examples (``--chunk``), by the depthwise
-filter-gradient op (under a strategy only where the process keeps freed memory,
+The conv rule forms per-example kernel-gradient norms with the compiled kernel
+(``tf_dpkit.native``, both convolutions) where it is available; otherwise, for a convolution with
+fewer than 4 input channels, either by unfolding patches (identity convolution + batched matmul)
+or, under oneDNN, in calls of ``conv._FILTER_BACKPROP_CHUNK`` examples (``--chunk``), by the
+depthwise filter-gradient op (under a strategy only where the process keeps freed memory,
 ``tf_dpkit.distribute.host_keeps_freed_memory``).  Here each DP column forces its method, under
-a strategy too.  Each strategy runs in a fresh process that imports tf_dpkit before TensorFlow
+a strategy too (the TensorFlow-op columns with the compiled conv kernel off, the noise compiled
+in every column).  Each strategy runs in a fresh process that imports tf_dpkit before TensorFlow
 starts (so the import sets glibc's top pad unless ``TF_DPKIT_KEEP_FREED_MEMORY=0`` or a
 ``MALLOC_*`` variable is set) and holds a live ``experimental_distribute_dataset`` iterator, as
 ``fit`` and ``benchmarks/distributed.py`` do; one DP model is traced per method.  Besides the
@@ -49,8 +51,10 @@ def _measure(kind, reps, batch, chunk):
       tf.data.Dataset.from_tensors((x, y)).repeat()))
   per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
   steps = {}
-  for method in ("non_private", "dp_unfold", "dp_filter_backprop"):
+  advantage = conv._NATIVE_ADVANTAGE  # pylint: disable=protected-access
+  for method in ("non_private", "dp_compiled", "dp_unfold", "dp_filter_backprop"):
     conv._FILTER_BACKPROP_CHUNK = chunk if method == "dp_filter_backprop" else 0  # pylint: disable=protected-access
+    conv._NATIVE_ADVANTAGE = advantage if method == "dp_compiled" else 0  # 0: never compiled  # pylint: disable=protected-access
     # Force the op under a strategy too (the rule asks this at trace time).
     distribute.host_keeps_freed_memory = (lambda: True) if method == "dp_filter_backprop" else kept
     keras.utils.set_random_seed(0)
@@ -111,9 +115,9 @@ def main():
   args = parser.parse_args()
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
              PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  print("| strategy | non-private ms (faults) | DP, unfolding ms (ratio, faults) | "
-        "DP, filter-gradient op ms (ratio, faults) |")
-  print("|---|---:|---:|---:|")
+  print("| strategy | non-private ms (faults) | DP, compiled ms (ratio, faults) | "
+        "DP, unfolding ms (ratio, faults) | DP, filter-gradient op ms (ratio, faults) |")
+  print("|---|---:|---:|---:|---:|")
   for kind in args.strategies.split(","):
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", kind,
                           str(args.reps), str(args.batch), str(args.chunk)], capture_output=True, text=True, env=env, cwd=ROOT,
@@ -124,7 +128,7 @@ def main():
     r = json.loads(lines[0][len("RESULT "):])
     base, base_faults = r["non_private"]
     cells = [f"{ms:.2f} ({ms / base:.2f}, {faults:.0f})"
-             for ms, faults in (r["dp_unfold"], r["dp_filter_backprop"])]
+             for ms, faults in (r["dp_compiled"], r["dp_unfold"], r["dp_filter_backprop"])]
     print(f"| {kind} | {base:.2f} ({base_faults:.0f}) | " + " | ".join(cells) + " |", flush=True)
 
 

@@ -35,6 +35,10 @@ CASES = [
                                                                use_bias=False), lambda: _x(4, 7, 9, 3)),
     ("conv1d_same", lambda: keras.layers.Conv1D(4, 3, padding="same"), lambda: _x(6, 10, 3)),
     ("conv2d_gram_form", lambda: keras.layers.Conv2D(32, 3, strides=2), lambda: _x(4, 5, 5, 8)),
+    # More kernel weights (72 x 16) than input or output entries: compiled norms, clipped sum by
+    # a filter gradient (the smaller conv cases keep their per-microbatch gradients).
+    ("conv2d_many_weights", lambda: keras.layers.Conv2D(16, 3, padding="same"),
+     lambda: _x(4, 6, 6, 8)),
     ("conv1d_valid_strided", lambda: keras.layers.Conv1D(2, 2, strides=2),
      lambda: _x(6, 11, 3)),
     ("depthwise2d_same_stride2_multiplier2", lambda: keras.layers.DepthwiseConv2D(
@@ -478,3 +482,58 @@ def test_conv_rule_takes_the_compiled_kernel_on_a_cpu_only(accelerator, monkeypa
   assert ("DpkitConvKernelGradSquaredNorms" in used) is not accelerator
   # The TensorFlow-op ways: filter-gradient chunks (oneDNN) or unfolded patches + matmul.
   assert bool({"DepthwiseConv2dNativeBackpropFilter", "BatchMatMulV2"} & used) is accelerator
+
+
+@pytest.mark.parametrize("filters, keeps", [(4, True), (16, False)])
+@pytest.mark.parametrize("num_microbatches", [None, 4])
+def test_compiled_conv_clipped_sum_moves_at_most_c(filters, keeps, num_microbatches):
+  # Conv2D 3x3 on 6x6x8: with 4 filters the per-microbatch kernel gradients (72 x 4) are kept
+  # and contracted with the factors; with 16 (72 x 16 > 6x6x16) the clipped sum is a filter
+  # gradient of the scaled inputs.  Both equal the brute force, and removing any one example
+  # moves the clipped sum by at most C (by more than C/2: clipping binds).
+  from tf_dpkit import native
+  from tf_dpkit.clipping.testing import removal_sensitivity
+  if native.kernels() is None:
+    pytest.skip(f"compiled CPU kernels unavailable here: {native.status()}")
+  model = keras.Sequential([keras.Input((6, 6, 8)),
+                            keras.layers.Conv2D(filters, 3, padding="same", activation="tanh"),
+                            keras.layers.Flatten(), keras.layers.Dense(3)])
+  x = tf.constant(RNG.normal(size=(8, 6, 6, 8)).astype(np.float32))
+  y = tf.constant(RNG.integers(0, 3, 8))
+
+  @tf.function(input_signature=[tf.TensorSpec([None, 6, 6, 8]), tf.TensorSpec([None], tf.int64)])
+  def fast(x, y):
+    result, _ = clipped_sum_fast(model, XENT, (x, y, tf.ones_like(y, tf.float32)), 0.5,
+                                 num_microbatches)
+    return result.norms, result.grads
+
+  # Which way the rule takes (traced alone: the fast path's tape adds unused gradient ops).
+  conv_layer = model.layers[0]
+
+  @tf.function(input_signature=[tf.TensorSpec([8, 6, 6, 8]), tf.TensorSpec([8, 6, 6, filters]),
+                                tf.TensorSpec([8])])
+  def rule_alone(x, g, factors):
+    trace = lookup_rule(conv_layer)(conv_layer, x)
+    return trace.squared_norms(g, 8), trace.clipped_sum(factors)
+
+  used = {op.type for op in rule_alone.get_concrete_function().graph.get_operations()}
+  assert "DpkitConvKernelGradSquaredNorms" in used
+  assert ("Conv2DBackpropFilter" in used) is not keeps
+  norms, grads = fast(x, y)
+  if num_microbatches is None:
+    expected, expected_norms = _brute_force_clipped_sum(model, XENT, x, y, 0.5)
+    np.testing.assert_allclose(norms.numpy(), expected_norms, rtol=2e-4)
+    for a, b in zip(grads, expected):
+      np.testing.assert_allclose(a.numpy(), b, rtol=2e-4, atol=2e-5)
+    assert np.min(expected_norms) > 0.5
+    moved = removal_sensitivity(lambda keep: fast(tf.gather(x, keep), tf.gather(y, keep))[1], 8)
+    assert 0.25 < moved <= 0.5 * (1 + 1e-5)
+  else:
+    def mb(inputs):
+      xm, ym, wm = inputs
+      return XENT(ym, model(xm, training=True)) * wm, tf.zeros([tf.shape(wm)[0]])
+    ref, _ = clipped_sum_vectorized(mb, (x, y, tf.ones([8])), model.trainable_variables, 0.5,
+                                    num_microbatches)
+    np.testing.assert_allclose(norms.numpy(), ref.norms.numpy(), rtol=2e-4)
+    for a, b in zip(grads, ref.grads):
+      np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-4, atol=2e-5)
