@@ -5,12 +5,14 @@
 
 For each layer shape, the rule (``tf_dpkit.clipping.rules.conv``) is traced twice inside a
 ``tf.function`` that forms the per-example squared norms and the clipped sum from a random
-output gradient: once forced onto the compiled kernel (``tf_dpkit.native``), once onto the
-TensorFlow ops it would use otherwise (unfolded patches with the explicit or Gram form, or, with
-1-3 input channels under oneDNN, the depthwise filter-gradient op in chunks).  The two run
-interleaved in one process; the table gives median ms, their ratio, and the ratio of the
-explicit form's multiply-adds (``S d p``) to the Gram form's (``S^2 (d + p)``), by which the rule
-chooses (``conv._NATIVE_ADVANTAGE``: compiled while that ratio is at most 2).
+output gradient (the clipped sum as the fast path forms it: the rule's own, else the layer's
+vector-Jacobian product with scaled output gradients): once forced onto the compiled kernel
+(``tf_dpkit.native``), once onto the TensorFlow ops it would use otherwise (unfolded patches
+with the explicit or Gram form, or, with 1-3 input channels under oneDNN, the depthwise
+filter-gradient op in chunks).  The two run interleaved in one process; the table gives median
+ms, their ratio, and the ratio of the explicit form's multiply-adds (``S d p``) to the Gram
+form's (``S^2 (d + p)``), by which the rule chooses (``conv._NATIVE_ADVANTAGE``: compiled while
+that ratio is at most 2).
 """
 from __future__ import annotations
 
@@ -48,8 +50,14 @@ def make_step(layer, batch, advantage):
 
   @tf.function
   def step():
-    trace = lookup_rule(layer)(layer, x)
-    return trace.squared_norms(g, batch), trace.clipped_sum(factors)
+    with tf.GradientTape() as tape:
+      trace = lookup_rule(layer)(layer, x)
+    norms = trace.squared_norms(g, batch)
+    sums = trace.clipped_sum(factors)
+    if sums is None:  # as the fast path does: the layer's VJP with scaled output gradients
+      sums = tape.gradient(trace.watched, layer.trainable_variables,
+                           output_gradients=g * factors[:, None, None, None])
+    return norms, sums
 
   saved = conv._NATIVE_ADVANTAGE  # pylint: disable=protected-access
   conv._NATIVE_ADVANTAGE = advantage  # pylint: disable=protected-access

@@ -75,10 +75,11 @@ def unfold_patches(x, kernel_hw, strides, dilations, padding):
 _FILTER_BACKPROP_CHUNK = 128
 
 
-# The compiled kernel forms the explicit per-microbatch gradients (cost S d p multiply-adds) at
-# about 2.5 times the speed of the TensorFlow-op Gram form (unfolding and batched matmuls, cost
-# S^2 (d + p)) for the MNIST CNN's second layer, where the two costs are about equal; it is chosen
-# while it costs at most this many times the Gram form.
+# The compiled kernel forms the explicit per-microbatch gradients (cost S d p multiply-adds);
+# with its clipped sum it was 1.6x faster than the TensorFlow-op Gram form (unfolding, batched
+# matmuls, cost S^2 (d + p)) where the costs are about equal (the MNIST CNN's second layer) and
+# as fast where the explicit form costs 2.9 times the Gram form (benchmarks/conv_norms.py, with
+# and without oneDNN); it is chosen while it costs at most this many times the Gram form.
 _NATIVE_ADVANTAGE = 2
 
 
