@@ -238,23 +238,29 @@ def test_first_conv_paths_under_a_dynamic_batch(path, chunk, num_microbatches, m
                                  num_microbatches)
     return result.norms, result.grads
 
+  _check_fast_clipped_sum(model, fast, x, y, num_microbatches)
+
+
+def _check_fast_clipped_sum(model, fast, x, y, num_microbatches, clip=0.5):
+  """``fast(x, y) -> (norms, grads)`` (8 examples, clip C) against the brute force (one example
+  per microbatch) or the vectorized path (microbatches); with one example per microbatch,
+  removing any one (other chunk boundaries too) moves the clipped sum by at most C, and by more
+  than C/2: clipping binds for every example."""
+  from tf_dpkit.clipping.testing import removal_sensitivity
   norms, grads = fast(x, y)
-  expected, expected_norms = _brute_force_clipped_sum(model, XENT, x, y, 0.5)
   if num_microbatches is None:
+    expected, expected_norms = _brute_force_clipped_sum(model, XENT, x, y, clip)
     np.testing.assert_allclose(norms.numpy(), expected_norms, rtol=2e-4)
     for a, b in zip(grads, expected):
       np.testing.assert_allclose(a.numpy(), b, rtol=2e-4, atol=2e-5)
-    # Removing any one example (8 -> 7 examples: other chunk boundaries) moves the clipped sum
-    # by at most C = 0.5, and by more than C/2: clipping binds for every example.
-    from tf_dpkit.clipping.testing import removal_sensitivity
-    assert np.min(expected_norms) > 0.5
+    assert np.min(expected_norms) > clip
     moved = removal_sensitivity(lambda keep: fast(tf.gather(x, keep), tf.gather(y, keep))[1], 8)
-    assert 0.25 < moved <= 0.5 * (1 + 1e-5)
+    assert clip / 2 < moved <= clip * (1 + 1e-5)
   else:
     def mb(inputs):
       xm, ym, wm = inputs
       return XENT(ym, model(xm, training=True)) * wm, tf.zeros([tf.shape(wm)[0]])
-    ref, _ = clipped_sum_vectorized(mb, (x, y, tf.ones([8])), model.trainable_variables, 0.5,
+    ref, _ = clipped_sum_vectorized(mb, (x, y, tf.ones([8])), model.trainable_variables, clip,
                                     num_microbatches)
     np.testing.assert_allclose(norms.numpy(), ref.norms.numpy(), rtol=2e-4)
     for a, b in zip(grads, ref.grads):
@@ -492,7 +498,6 @@ def test_compiled_conv_clipped_sum_moves_at_most_c(filters, keeps, num_microbatc
   # gradient of the scaled inputs.  Both equal the brute force, and removing any one example
   # moves the clipped sum by at most C (by more than C/2: clipping binds).
   from tf_dpkit import native
-  from tf_dpkit.clipping.testing import removal_sensitivity
   if native.kernels() is None:
     pytest.skip(f"compiled CPU kernels unavailable here: {native.status()}")
   model = keras.Sequential([keras.Input((6, 6, 8)),
@@ -519,21 +524,4 @@ def test_compiled_conv_clipped_sum_moves_at_most_c(filters, keeps, num_microbatc
   used = {op.type for op in rule_alone.get_concrete_function().graph.get_operations()}
   assert "DpkitConvKernelGradSquaredNorms" in used
   assert ("Conv2DBackpropFilter" in used) is not keeps
-  norms, grads = fast(x, y)
-  if num_microbatches is None:
-    expected, expected_norms = _brute_force_clipped_sum(model, XENT, x, y, 0.5)
-    np.testing.assert_allclose(norms.numpy(), expected_norms, rtol=2e-4)
-    for a, b in zip(grads, expected):
-      np.testing.assert_allclose(a.numpy(), b, rtol=2e-4, atol=2e-5)
-    assert np.min(expected_norms) > 0.5
-    moved = removal_sensitivity(lambda keep: fast(tf.gather(x, keep), tf.gather(y, keep))[1], 8)
-    assert 0.25 < moved <= 0.5 * (1 + 1e-5)
-  else:
-    def mb(inputs):
-      xm, ym, wm = inputs
-      return XENT(ym, model(xm, training=True)) * wm, tf.zeros([tf.shape(wm)[0]])
-    ref, _ = clipped_sum_vectorized(mb, (x, y, tf.ones([8])), model.trainable_variables, 0.5,
-                                    num_microbatches)
-    np.testing.assert_allclose(norms.numpy(), ref.norms.numpy(), rtol=2e-4)
-    for a, b in zip(grads, ref.grads):
-      np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-4, atol=2e-5)
+  _check_fast_clipped_sum(model, fast, x, y, num_microbatches)
