@@ -1,8 +1,9 @@
-"""The compiled noise kernels (tf_dpkit.native) against independent references.
+"""The compiled kernels (tf_dpkit.native) against independent references.
 
 References: TensorFlow's own Philox uniforms (``StatelessRandomUniformV2`` for the same key and
 counter) put through the Box-Muller transform in float64 numpy, and tf_dpkit's TensorFlow-op
-sampler.  Plus the fallbacks: switched off, no compiler, a library that fails its self-check,
+sampler (noise); brute-force token sums (Embedding); TensorFlow's own float64 convolution
+gradient of each example (convolution).  Plus the fallbacks: switched off, no compiler, a library that fails its self-check,
 XLA, accelerators and dtypes the kernels do not take.
 """
 import os
@@ -18,7 +19,7 @@ from tf_dpkit import native, noise
 
 KERNELS = native.kernels()
 needs_kernels = pytest.mark.skipif(
-    KERNELS is None, reason=f"compiled noise kernels unavailable here: {native.status()}")
+    KERNELS is None, reason=f"compiled kernels unavailable here: {native.status()}")
 
 # Output sizes around Philox blocks (4 uniforms), the kernel's chunks (1,024 pairs) and the
 # point where the work is split between threads.
