@@ -35,10 +35,11 @@ CASES = [
                                                                use_bias=False), lambda: _x(4, 7, 9, 3)),
     ("conv1d_same", lambda: keras.layers.Conv1D(4, 3, padding="same"), lambda: _x(6, 10, 3)),
     ("conv2d_gram_form", lambda: keras.layers.Conv2D(32, 3, strides=2), lambda: _x(4, 5, 5, 8)),
-    # More kernel weights (72 x 16) than input or output entries: compiled norms, clipped sum by
-    # a filter gradient (the smaller conv cases keep their per-microbatch gradients).
-    ("conv2d_many_weights", lambda: keras.layers.Conv2D(16, 3, padding="same"),
-     lambda: _x(4, 6, 6, 8)),
+    # More kernel weights (72 x 32) than input or output entries and the Gram form cheaper (16
+    # positions) but not twice cheaper: compiled norms, clipped sum by a filter gradient (the
+    # other conv cases keep their per-microbatch gradients or use TensorFlow ops).
+    ("conv2d_many_weights", lambda: keras.layers.Conv2D(32, 3, strides=2, padding="same"),
+     lambda: _x(4, 8, 8, 8)),
     ("conv1d_valid_strided", lambda: keras.layers.Conv1D(2, 2, strides=2),
      lambda: _x(6, 11, 3)),
     ("depthwise2d_same_stride2_multiplier2", lambda: keras.layers.DepthwiseConv2D(
@@ -490,23 +491,27 @@ def test_conv_rule_takes_the_compiled_kernel_on_a_cpu_only(accelerator, monkeypa
   assert bool({"DepthwiseConv2dNativeBackpropFilter", "BatchMatMulV2"} & used) is accelerator
 
 
-@pytest.mark.parametrize("filters, keeps", [(4, True), (16, False)])
+@pytest.mark.parametrize("filters, strides, keeps", [(4, 1, True), (16, 1, True),
+                                                     (32, 2, False)])
 @pytest.mark.parametrize("num_microbatches", [None, 4])
-def test_compiled_conv_clipped_sum_moves_at_most_c(filters, keeps, num_microbatches):
-  # Conv2D 3x3 on 6x6x8: with 4 filters the per-microbatch kernel gradients (72 x 4) are kept
-  # and contracted with the factors; with 16 (72 x 16 > 6x6x16) the clipped sum is a filter
-  # gradient of the scaled inputs.  Both equal the brute force, and removing any one example
-  # moves the clipped sum by at most C (by more than C/2: clipping binds).
+def test_compiled_conv_clipped_sum_moves_at_most_c(filters, strides, keeps, num_microbatches):
+  # Conv2D 3x3 on 8x8x8: with 4 filters the per-microbatch kernel gradients (72 x 4) are kept,
+  # no larger than the input; with 16 (72 x 16 > 8x8x16) kept as the explicit form is the
+  # cheaper one (64 positions); with 32 and stride 2 (16 positions, Gram form cheaper) the
+  # clipped sum is a filter gradient of the scaled inputs.  Each equals the brute force, and
+  # removing any one example moves the clipped sum by at most C (by more than C/2: clipping
+  # binds).
   from tf_dpkit import native
   if native.kernels() is None:
     pytest.skip(f"compiled CPU kernels unavailable here: {native.status()}")
-  model = keras.Sequential([keras.Input((6, 6, 8)),
-                            keras.layers.Conv2D(filters, 3, padding="same", activation="tanh"),
+  model = keras.Sequential([keras.Input((8, 8, 8)),
+                            keras.layers.Conv2D(filters, 3, strides=strides, padding="same",
+                                                activation="tanh"),
                             keras.layers.Flatten(), keras.layers.Dense(3)])
-  x = tf.constant(RNG.normal(size=(8, 6, 6, 8)).astype(np.float32))
+  x = tf.constant(RNG.normal(size=(8, 8, 8, 8)).astype(np.float32))
   y = tf.constant(RNG.integers(0, 3, 8))
 
-  @tf.function(input_signature=[tf.TensorSpec([None, 6, 6, 8]), tf.TensorSpec([None], tf.int64)])
+  @tf.function(input_signature=[tf.TensorSpec([None, 8, 8, 8]), tf.TensorSpec([None], tf.int64)])
   def fast(x, y):
     result, _ = clipped_sum_fast(model, XENT, (x, y, tf.ones_like(y, tf.float32)), 0.5,
                                  num_microbatches)
@@ -515,8 +520,10 @@ def test_compiled_conv_clipped_sum_moves_at_most_c(filters, keeps, num_microbatc
   # Which way the rule takes (traced alone: the fast path's tape adds unused gradient ops).
   conv_layer = model.layers[0]
 
-  @tf.function(input_signature=[tf.TensorSpec([8, 6, 6, 8]), tf.TensorSpec([8, 6, 6, filters]),
-                                tf.TensorSpec([8])])
+  out = 8 // strides
+
+  @tf.function(input_signature=[tf.TensorSpec([8, 8, 8, 8]),
+                                tf.TensorSpec([8, out, out, filters]), tf.TensorSpec([8])])
   def rule_alone(x, g, factors):
     trace = lookup_rule(conv_layer)(conv_layer, x)
     return trace.squared_norms(g, 8), trace.clipped_sum(factors)

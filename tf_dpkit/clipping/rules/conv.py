@@ -8,9 +8,9 @@ per layer while tracing:
   size, and the explicit form costing at most ``_NATIVE_ADVANTAGE`` times the Gram form):
   ``||A_j^T G_j||^2`` and the bias part formed block by block from the padded images, no patch
   in memory; the clipped sum ``sum_j c_j A_j^T G_j`` is a contraction of the per-microbatch
-  gradients, kept where they are no larger than the layer's input or output, else one filter
-  gradient with each example's input (or output gradient, whichever is smaller) scaled by its
-  ``c_j``;
+  gradients, kept where they are no larger than the layer's input or output or the explicit
+  form is the cheaper one, else one filter gradient with each example's input (or output
+  gradient, whichever is smaller) scaled by its ``c_j``;
 * with 1-3 input channels under oneDNN: per-example kernel gradients from the depthwise
   filter-gradient op run on chunks of examples;
 * otherwise patches unfolded, then the explicit or Gram form.
@@ -211,11 +211,14 @@ def conv_rule(layer, inputs):
     taps = kernel_hw[0] * kernel_hw[1] * channels
     if linear.explicit_is_cheaper(_NATIVE_ADVANTAGE * out_h * out_w, taps, filters):
       compiled = native.kernels_for(x.device, x.dtype)
-  # The per-microbatch kernel gradients are kept (the clipped sum is then one small contraction
-  # instead of a filter gradient) when they need no more memory than the layer's input or output
-  # gradient: kh kw C P <= max(H W C, OH OW P).
-  keep_grads = (compiled is not None and
-                taps * filters <= max(x.shape[1:].num_elements(), z.shape[1:].num_elements()))
+  # The per-microbatch kernel gradients are kept (the clipped sum is then one contraction
+  # instead of a second filter gradient of the same cost as the norms) when they need no more
+  # memory than the layer's input or output gradient (kh kw C P <= max(H W C, OH OW P)), or when
+  # the explicit form is the cheaper one, where the TensorFlow-op way keeps them too (next to
+  # unfolded patches at least as large).
+  keep_grads = compiled is not None and (
+      taps * filters <= max(x.shape[1:].num_elements(), z.shape[1:].num_elements()) or
+      linear.explicit_is_cheaper(out_h * out_w, taps, filters))
   # Few input channels are unfolded by an identity convolution of cost B S (kh kw C)^2; with
   # oneDNN the depthwise filter-gradient op gives the per-example gradients instead, in chunks
   # of _FILTER_BACKPROP_CHUNK examples; under a strategy only where freed memory is kept (see
