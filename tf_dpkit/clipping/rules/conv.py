@@ -76,10 +76,11 @@ _FILTER_BACKPROP_CHUNK = 128
 
 
 # The compiled kernel forms the explicit per-microbatch gradients (cost S d p multiply-adds);
-# with its clipped sum it was 1.6x faster than the TensorFlow-op Gram form (unfolding, batched
-# matmuls, cost S^2 (d + p)) where the costs are about equal (the MNIST CNN's second layer) and
-# as fast where the explicit form costs 2.9 times the Gram form (benchmarks/conv_norms.py, with
-# and without oneDNN); it is chosen while it costs at most this many times the Gram form.
+# with its clipped sum it was 1.3-1.6x faster than the TensorFlow-op Gram form (unfolding,
+# batched matmuls, cost S^2 (d + p)) where the costs are about equal (the MNIST CNN's second
+# layer), and 0.9-1.0x (oneDNN) or 1.5x (without) where the explicit form costs 2.9 times the
+# Gram form (benchmarks/conv_norms.py); it is chosen while it costs at most this many times the
+# Gram form.
 _NATIVE_ADVANTAGE = 2
 
 
