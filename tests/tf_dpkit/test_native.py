@@ -210,6 +210,16 @@ def test_the_build_is_cached_per_source_and_machine():
   assert first.name == native.library_name()
 
 
+@needs_kernels
+def test_the_library_name_hashes_the_shared_header(tmp_path, monkeypatch):
+  # kernels.h is included by every source: another header text is another library.
+  header = tmp_path / "kernels.h"
+  header.write_bytes(native.HEADERS[0].read_bytes() + b"\n// changed\n")
+  before = native.library_name()
+  monkeypatch.setattr(native, "HEADERS", (header,))
+  assert native.library_name() != before
+
+
 def run_python(code, **env):
   environment = dict(os.environ, **env)
   done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,

@@ -50,6 +50,8 @@ import tensorflow as tf
 
 SOURCES = tuple(pathlib.Path(__file__).with_name(name)
                 for name in ("noise_kernels.cc", "embedding_kernels.cc", "conv_kernels.cc"))
+#: Included by every source (part of what the cached library's name hashes).
+HEADERS = (pathlib.Path(__file__).with_name("kernels.h"),)
 #: Set to "0" to run noise, Embedding and convolution clipping as TensorFlow ops only.
 SWITCH_VARIABLE = "TF_DPKIT_NATIVE"
 CACHE_VARIABLE = "TF_DPKIT_CACHE_DIR"
@@ -176,7 +178,8 @@ def library_name(cxx: str | None = None) -> str:
   except (OSError, subprocess.SubprocessError) as error:
     raise NativeUnavailable(f"the compiler {cxx!r} does not run: {error}") from error
   digest = hashlib.sha256()
-  for part in (*(source.read_bytes() for source in SOURCES), tf.__version__.encode(), tf.sysconfig.get_lib().encode(),
+  for part in (*(source.read_bytes() for source in SOURCES + HEADERS), tf.__version__.encode(),
+               tf.sysconfig.get_lib().encode(),
                " ".join(_command(cxx, "out")).encode(), version.encode(),
                _cpu_identity().encode()):
     digest.update(part)

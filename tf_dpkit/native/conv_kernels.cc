@@ -17,28 +17,10 @@
 // form, sum over position pairs of <patch_q, patch_r> <g_q, g_r>, was slower here even where it
 // needs half the multiply-adds; the caller uses its TensorFlow-op Gram form where that is much
 // cheaper.)
-#define EIGEN_USE_THREADS
-
-#include <algorithm>
-#include <cstdint>
-#include <cstring>
-#include <vector>
-
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/shape_inference.h"
-#include "unsupported/Eigen/CXX11/Tensor"
+#include "kernels.h"
 
 namespace tf_dpkit {
 namespace {
-
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-using ::tensorflow::TensorShapeUtils;
-using ::tensorflow::errors::InvalidArgument;
 
 typedef float v8 __attribute__((vector_size(32)));
 

@@ -13,28 +13,10 @@
 // microbatch's tokens are totalled in double).  Work is split over microbatches (norms) or over
 // vocabulary ranges (scatter: each thread owns its rows of out and adds in position order, so
 // the result does not depend on the split).
-#define EIGEN_USE_THREADS
-
-#include <algorithm>
-#include <cstdint>
-#include <vector>
-
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/shape_inference.h"
-#include "unsupported/Eigen/CXX11/Tensor"
+#include "kernels.h"
 
 namespace tf_dpkit {
 namespace {
-
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Status;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-using ::tensorflow::TensorShapeUtils;
-using ::tensorflow::errors::InvalidArgument;
 
 // Checks ids [M, K], rows [M, K, d], vocab scalar >= 0; sets M, K, d, V.
 Status ReadPositions(OpKernelContext* ctx, int64_t* m, int64_t* k, int64_t* d, int64_t* v) {

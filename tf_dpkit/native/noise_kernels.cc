@@ -14,28 +14,12 @@
 //
 // The work is split over pairs between the CPU device's worker threads; every output element
 // depends only on its index, so the result does not depend on the split.
-#define EIGEN_USE_THREADS
+#include "kernels.h"
 
-#include <algorithm>
 #include <cmath>
-#include <cstdint>
-#include <cstring>
-
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/shape_inference.h"
-#include "unsupported/Eigen/CXX11/Tensor"
 
 namespace tf_dpkit {
 namespace {
-
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-using ::tensorflow::TensorShapeUtils;
-using ::tensorflow::errors::InvalidArgument;
 
 constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // Philox-4x32 multipliers
 constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // Weyl key increments
