@@ -498,9 +498,9 @@ def test_compiled_conv_clipped_sum_moves_at_most_c(filters, strides, keeps, num_
   # Conv2D 3x3 on 8x8x8: with 4 filters the per-microbatch kernel gradients (72 x 4) are kept,
   # no larger than the input; with 16 (72 x 16 > 8x8x16) kept as the explicit form is the
   # cheaper one (64 positions); with 32 and stride 2 (16 positions, Gram form cheaper) the
-  # clipped sum is a filter gradient of the scaled inputs.  Each equals the brute force, and
-  # removing any one example moves the clipped sum by at most C (by more than C/2: clipping
-  # binds).
+  # clipped sum is the fast path's VJP (a filter gradient of factor-scaled output gradients).
+  # Each equals the brute force, and removing any one example moves the clipped sum by at most C
+  # (by more than C/2: clipping binds).
   from tf_dpkit import native
   if native.kernels() is None:
     pytest.skip(f"compiled CPU kernels unavailable here: {native.status()}")
@@ -525,8 +525,13 @@ def test_compiled_conv_clipped_sum_moves_at_most_c(filters, strides, keeps, num_
   @tf.function(input_signature=[tf.TensorSpec([8, 8, 8, 8]),
                                 tf.TensorSpec([8, out, out, filters]), tf.TensorSpec([8])])
   def rule_alone(x, g, factors):
-    trace = lookup_rule(conv_layer)(conv_layer, x)
-    return trace.squared_norms(g, 8), trace.clipped_sum(factors)
+    with tf.GradientTape() as tape:
+      trace = lookup_rule(conv_layer)(conv_layer, x)
+    norms, sums = trace.squared_norms(g, 8), trace.clipped_sum(factors)
+    if sums is None:  # as the fast path: the layer's VJP with factor-scaled output gradients
+      sums = tape.gradient(trace.watched, conv_layer.trainable_variables,
+                           output_gradients=g * factors[:, None, None, None])
+    return norms, sums
 
   used = {op.type for op in rule_alone.get_concrete_function().graph.get_operations()}
   assert "DpkitConvKernelGradSquaredNorms" in used

@@ -9,8 +9,7 @@ per layer while tracing:
   ``||A_j^T G_j||^2`` and the bias part formed block by block from the padded images, no patch
   in memory; the clipped sum ``sum_j c_j A_j^T G_j`` is a contraction of the per-microbatch
   gradients, kept where they are no larger than the layer's input or output or the explicit
-  form is the cheaper one, else one filter gradient with each example's input (or output
-  gradient, whichever is smaller) scaled by its ``c_j``;
+  form is the cheaper one, else the fast path's vector-Jacobian product;
 * with 1-3 input channels under oneDNN: per-example kernel gradients from the depthwise
   filter-gradient op run on chunks of examples;
 * otherwise patches unfolded, then the explicit or Gram form.
@@ -213,10 +212,10 @@ def conv_rule(layer, inputs):
     if linear.explicit_is_cheaper(_NATIVE_ADVANTAGE * out_h * out_w, taps, filters):
       compiled = native.kernels_for(x.device, x.dtype)
   # The per-microbatch kernel gradients are kept (the clipped sum is then one contraction
-  # instead of a second filter gradient of the same cost as the norms) when they need no more
-  # memory than the layer's input or output gradient (kh kw C P <= max(H W C, OH OW P)), or when
-  # the explicit form is the cheaper one, where the TensorFlow-op way keeps them too (next to
-  # unfolded patches at least as large).
+  # instead of the fast path's VJP, a second filter gradient of the norms' cost) when they need
+  # no more memory than the layer's input or output gradient (kh kw C P <= max(H W C, OH OW P)),
+  # or when the explicit form is the cheaper one, where the TensorFlow-op way keeps them too
+  # (next to unfolded patches at least as large).
   keep_grads = compiled is not None and (
       taps * filters <= max(x.shape[1:].num_elements(), z.shape[1:].num_elements()) or
       linear.explicit_is_cheaper(out_h * out_w, taps, filters))
@@ -240,7 +239,8 @@ def conv_rule(layer, inputs):
           wide(x), wide(g), tf.cast(num_groups, tf.int64), kernel_size=kernel_hw,
           strides=strides, dilations=dilations, pads=list(pads), with_bias=layer.use_bias,
           keep_grads=keep_grads)
-      scaled_sum.inputs = (g, bias_grads, kernel_grads if keep_grads else None, num_groups)
+      if keep_grads:
+        scaled_sum.kept = (kernel_grads, bias_grads)
       return norms
     if not filter_backprop:
       patches = unfold_patches(x, kernel_hw, strides, dilations, padding)
@@ -251,39 +251,15 @@ def conv_rule(layer, inputs):
     return linear.squared_norms_from_kernel_grads(grads, g_seq, num_groups)
 
   def scaled_sum(factors):
-    """``sum_j c_j grad_j``: a linear function of the g the norms were formed from."""
-    if scaled_sum.inputs is None:
+    """``sum_j c_j grad_j`` from kept per-microbatch gradients, else None (the fast path's VJP)."""
+    if scaled_sum.kept is None:
       return linear.clipped_sum(factors, tf.shape(layer.kernel))
-    g, bias_grads, kernel_grads, num_groups = scaled_sum.inputs
+    kernel_grads, bias_grads = scaled_sum.kept
     factors = tf.cast(factors, tf.float32)
-    if kernel_grads is not None:
-      kernel_sum = tf.tensordot(factors, kernel_grads, axes=1)
-    else:
-      kernel_sum = filter_gradient_scaled(x, g, kernel, factors, num_groups, strides, dilations,
-                                          padding)
-    sums = [tf.reshape(kernel_sum, tf.shape(layer.kernel))]
+    sums = [tf.reshape(tf.tensordot(factors, kernel_grads, axes=1), tf.shape(layer.kernel))]
     if layer.use_bias:
       sums.append(tf.tensordot(factors, bias_grads, axes=1))
     return sums
-  scaled_sum.inputs = None
+  scaled_sum.kept = None
   return LayerTrace(outputs, z, squared_norms, scaled_sum)
 
-
-def filter_gradient_scaled(x, g, kernel, factors, num_groups, strides, dilations, padding):
-  """``sum_b c_{j(b)} dL_b/dW`` of ``z = conv(x, W)`` (W's shape): the filter gradient of ``x``
-  and ``g`` [B, OH, OW, P] with example ``b``'s input (or output gradient, whichever has fewer
-  entries; the gradient is bilinear in the two) scaled by its microbatch's factor ``c_j``
-  (``factors`` [M], consecutive microbatches of ``B / M`` examples)."""
-  batch = tf.shape(x)[0]
-  per_example = tf.repeat(factors, batch // tf.maximum(tf.cast(num_groups, tf.int32), 1))
-  scale = lambda t: t * tf.reshape(tf.cast(per_example, t.dtype), [-1, 1, 1, 1])
-  x_size, g_size = x.shape[1:].num_elements(), g.shape[1:].num_elements()
-  if x_size is not None and g_size is not None and x_size < g_size:
-    x = scale(x)
-  else:
-    g = scale(g)
-  with tf.GradientTape() as tape:  # only the filter gradient is used: the forward conv is pruned
-    kernel = tf.convert_to_tensor(kernel)
-    tape.watch(kernel)
-    z = tf.nn.convolution(x, kernel, strides=strides, padding=padding, dilations=dilations)
-  return tape.gradient(z, kernel, output_gradients=tf.cast(g, z.dtype))
