@@ -74,8 +74,8 @@ def main():
   parser.add_argument("--batch", type=int, default=256)
   parser.add_argument("--reps", type=int, default=40)
   args = parser.parse_args()
-  if native.kernels() is None:
-    sys.exit(f"compiled kernels unavailable: {native.status()}")
+  if native.kernels("conv") is None:
+    sys.exit(f"compiled kernels unavailable: {native.status('conv')}")
   print(f"batch {args.batch}, {args.reps} interleaved reps, oneDNN "
         f"{'on' if conv.onednn_enabled() else 'off'}\n")
   print("| layer | S d p / S^2 (d + p) | rule picks | compiled ms | TF ops ms | TF ops / compiled |")

@@ -173,7 +173,7 @@ def add_gaussian_noise(tensors, stddev, key, step, draw=0, replica=None, stream=
       scale = (tf.constant(stddev, dtype=tensor.dtype) if isinstance(stddev, numbers.Real)
                else tf.cast(stddev, tensor.dtype))
       fused = part is None and tensor.dtype == tf.float32  # the fused kernel takes float32
-      kernels = native.kernels_for(tensor.device, tensor.dtype) if fused else None
+      kernels = native.kernels_for("noise", tensor.device, tensor.dtype) if fused else None
       if kernels is not None:  # one pass: tensor + scale * z, z as stateless_standard_normal's
         key_, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed)
         noised.append(kernels.dpkit_add_stateless_normal(tensor, scale, key_, counter))
@@ -232,7 +232,7 @@ def stateless_standard_normal(shape, seed, dtype=tf.float32, device=None):
       TensorFlow places them.
   """
   dtype = tf.as_dtype(dtype)
-  kernels = native.kernels_for(device, dtype)
+  kernels = native.kernels_for("noise", device, dtype)
   if kernels is None:
     return tf_ops_standard_normal(shape, seed, dtype)
   key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed)

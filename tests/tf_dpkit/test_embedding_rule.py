@@ -26,9 +26,9 @@ SCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=Non
 @pytest.fixture(autouse=True, params=["compiled", "tf_ops"])
 def kernels(request, monkeypatch):
   if request.param == "tf_ops":
-    monkeypatch.setattr(native, "kernels_for", lambda device, dtype: None)
-  elif native.kernels() is None:
-    pytest.skip(f"compiled CPU kernels unavailable here: {native.status()}")
+    monkeypatch.setattr(native, "kernels_for", lambda family, device, dtype: None)
+  elif native.kernels("embedding") is None:
+    pytest.skip(f"compiled CPU kernels unavailable here: {native.status('embedding')}")
   return request.param
 
 

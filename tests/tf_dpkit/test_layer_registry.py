@@ -83,10 +83,10 @@ def use_conv_path(path, monkeypatch):
   from tf_dpkit import native
   from tf_dpkit.clipping.rules import conv as conv_rule
   if path == "compiled":
-    if native.kernels() is None:
-      pytest.skip(f"compiled CPU kernels unavailable here: {native.status()}")
+    if native.kernels("conv") is None:
+      pytest.skip(f"compiled CPU kernels unavailable here: {native.status('conv')}")
     return
-  monkeypatch.setattr(native, "kernels_for", lambda device, dtype: None)
+  monkeypatch.setattr(native, "kernels_for", lambda family, device, dtype: None)
   monkeypatch.setattr(conv_rule, "onednn_enabled", lambda: path == "onednn")
 
 
@@ -474,8 +474,8 @@ def test_conv_rule_takes_the_compiled_kernel_on_a_cpu_only(accelerator, monkeypa
   # float32 work with a static image size on this CPU: the compiled norms and no unfolding or
   # filter-gradient chunks; where a GPU could take the ops: TensorFlow ops only.
   from tf_dpkit import native
-  if native.kernels() is None:
-    pytest.skip(f"compiled CPU kernels unavailable here: {native.status()}")
+  if native.kernels("conv") is None:
+    pytest.skip(f"compiled CPU kernels unavailable here: {native.status('conv')}")
   monkeypatch.setattr(native, "_accelerators_visible", lambda: accelerator)
   layer = _built(keras.layers.Conv2D(16, 8, strides=2, padding="same"), _x(2, 28, 28, 1))
 
@@ -502,8 +502,8 @@ def test_compiled_conv_clipped_sum_moves_at_most_c(filters, strides, keeps, num_
   # Each equals the brute force, and removing any one example moves the clipped sum by at most C
   # (by more than C/2: clipping binds).
   from tf_dpkit import native
-  if native.kernels() is None:
-    pytest.skip(f"compiled CPU kernels unavailable here: {native.status()}")
+  if native.kernels("conv") is None:
+    pytest.skip(f"compiled CPU kernels unavailable here: {native.status('conv')}")
   model = keras.Sequential([keras.Input((8, 8, 8)),
                             keras.layers.Conv2D(filters, 3, strides=strides, padding="same",
                                                 activation="tanh"),

@@ -3,13 +3,20 @@
 References: TensorFlow's own Philox uniforms (``StatelessRandomUniformV2`` for the same key and
 counter) put through the Box-Muller transform in float64 numpy, and tf_dpkit's TensorFlow-op
 sampler (noise); brute-force token sums (Embedding); TensorFlow's own float64 convolution
-gradient of each example (convolution).  Plus the fallbacks: switched off, no compiler, a library that fails its self-check,
-XLA, accelerators and dtypes the kernels do not take.
+gradient of each example (convolution).  Plus the fallbacks: switched off, no compiler, a
+library that fails its self-check, XLA, accelerators and dtypes the kernels do not take; and the
+kernel cache's refusals (a folder of another user or writable by others, a library that does
+not match its recorded digest, symbolic links), checked on copies of this session's build.
 """
+import hashlib
+import logging
 import os
+import shutil
+import stat
 import subprocess
 import sys
 import textwrap
+import types
 
 import numpy as np
 import pytest
@@ -17,7 +24,11 @@ import tensorflow as tf
 
 from tf_dpkit import native, noise
 
-KERNELS = native.kernels()
+LOADED = {family: native.kernels(family) for family in native.FAMILIES}
+# Every family's ops in one namespace (None unless all three loaded).
+KERNELS = (None if None in LOADED.values() else types.SimpleNamespace(**{
+    name: getattr(ops, name) for ops in LOADED.values() for name in dir(ops)
+    if name.startswith("dpkit_")}))
 needs_kernels = pytest.mark.skipif(
     KERNELS is None, reason=f"compiled kernels unavailable here: {native.status()}")
 
@@ -146,14 +157,18 @@ def test_inside_xla_and_on_accelerators_and_for_float64_the_tensorflow_ops_draw(
   reference = noise.tf_ops_standard_normal(shape, seed).numpy()
   np.testing.assert_array_equal(compiled_by_xla().numpy(), tf_ops_by_xla().numpy())
   np.testing.assert_allclose(plain().numpy(), reference, rtol=0, atol=1e-5)
-  assert native.kernels_for("/job:localhost/replica:0/task:0/device:GPU:0",
-                                 tf.float32) is None
-  assert native.kernels_for("/device:CPU:0", tf.float64) is None
-  assert native.kernels_for("", tf.float32) is KERNELS  # this machine: no accelerator
+  noise_ops = LOADED["noise"]
+  assert native.kernels_for("noise", "/job:localhost/replica:0/task:0/device:GPU:0",
+                            tf.float32) is None
+  assert native.kernels_for("noise", "/device:CPU:0", tf.float64) is None
+  assert native.kernels_for("noise", "", tf.float32) is noise_ops  # here: no accelerator
+  assert native.kernels_for("conv", "", tf.float32) is LOADED["conv"]
   monkeypatch.setattr(native, "_accelerators_visible", lambda: True)
-  assert native.kernels_for("", tf.float32) is None  # unplaced may land on the GPU
-  assert native.kernels_for("/device:CPU:0", tf.float32) is KERNELS
-  assert native.kernels_for("/device:CPU:0", tf.bfloat16) is KERNELS
+  assert native.kernels_for("noise", "", tf.float32) is None  # unplaced may land on the GPU
+  assert native.kernels_for("noise", "/device:CPU:0", tf.float32) is noise_ops
+  assert native.kernels_for("noise", "/device:CPU:0", tf.bfloat16) is noise_ops
+  with pytest.raises(ValueError, match="family must be one of"):
+    native.kernels_for("dense", "/device:CPU:0", tf.float32)
   # float64 keeps float64 uniforms (reach beyond the float32 bound 5.65).
   wide = noise.stateless_standard_normal(tf.TensorShape([10]), seed, tf.float64, "/CPU:0")
   np.testing.assert_array_equal(
@@ -193,21 +208,27 @@ def test_a_library_that_fails_the_self_check_is_not_used(monkeypatch):
   class Missing:  # a library without the ops
     pass
 
-  for fake, reason in ((Broken, "largest difference"), (DropsRepeats, "largest difference"),
-                       (DropsConvBias, "largest difference"), (Missing, "AttributeError")):
+  for family, fake, reason in (
+      ("noise", Broken, "largest difference"), ("embedding", DropsRepeats, "largest difference"),
+      ("conv", DropsConvBias, "largest difference"), ("noise", Missing, "AttributeError"),
+      ("embedding", Missing, "AttributeError"), ("conv", Missing, "AttributeError")):
     monkeypatch.setattr(tf, "load_op_library", lambda path, fake=fake: fake)
-    with pytest.raises(native.NativeUnavailable, match=f"failed its self-check.*{reason}"):
-      native._load_and_check(native.build())
-  assert native._self_check(KERNELS) <= native.SELF_CHECK_TOLERANCE
+    with pytest.raises(native.NativeUnavailable, match=f"fake failed its self-check.*{reason}"):
+      native._load_and_check(family, b"not loaded", "fake")
+  for family in native.FAMILIES:
+    assert native._SELF_CHECKS[family](LOADED[family]) <= native.SELF_CHECK_TOLERANCE
 
 
 @needs_kernels
 def test_the_build_is_cached_per_source_and_machine():
-  first = native.build()
-  stamp = first.stat().st_mtime_ns
-  assert native.build() == first and first.stat().st_mtime_ns == stamp  # no rebuild
-  assert first.parent == native.cache_dir()
-  assert first.name == native.library_name()
+  for family in native.FAMILIES:
+    first = native.build(family)
+    stamp = first.stat().st_mtime_ns
+    assert native.build(family) == first and first.stat().st_mtime_ns == stamp  # no rebuild
+    assert first.parent == native.cache_dir()
+    assert first.name == native.library_name(family) and family in first.name
+    recorded = (first.parent / (first.name + ".sha256")).read_text().split()[0]
+    assert recorded == hashlib.sha256(first.read_bytes()).hexdigest()
 
 
 @needs_kernels
@@ -215,9 +236,10 @@ def test_the_library_name_hashes_the_shared_header(tmp_path, monkeypatch):
   # kernels.h is included by every source: another header text is another library.
   header = tmp_path / "kernels.h"
   header.write_bytes(native.HEADERS[0].read_bytes() + b"\n// changed\n")
-  before = native.library_name()
+  before = {family: native.library_name(family) for family in native.FAMILIES}
   monkeypatch.setattr(native, "HEADERS", (header,))
-  assert native.library_name() != before
+  for family in native.FAMILIES:
+    assert native.library_name(family) != before[family]
 
 
 def run_python(code, **env):
@@ -235,8 +257,8 @@ FALLBACK_PROBE = """
     seed = tf.constant([1, 2], tf.int64)
     got = noise.stateless_standard_normal(tf.TensorShape([9]), seed).numpy()
     ref = noise.tf_ops_standard_normal(tf.TensorShape([9]), seed).numpy()
-    print("EQUAL", np.array_equal(got, ref), "OPS", native.kernels() is not None)
-    print("STATUS", native.status())
+    print("EQUAL", np.array_equal(got, ref), "OPS", native.kernels("noise") is not None)
+    print("STATUS", native.status("noise"))
 """
 
 
@@ -252,7 +274,7 @@ def test_without_a_compiler_one_warning_and_the_tensorflow_ops(tmp_path):
   assert "EQUAL True OPS False" in done.stdout
   assert "does not run" in done.stdout  # the status names the reason
   warnings = [line for line in done.stderr.splitlines()
-              if "compiled CPU kernels unavailable" in line]
+              if "compiled CPU kernels for noise unavailable" in line]
   assert len(warnings) == 1 and "TF_DPKIT_NATIVE=0" in warnings[0]
   assert not any(p.suffix == ".so" for p in (tmp_path / "cache").glob("*"))
 
@@ -264,10 +286,12 @@ def test_a_compile_error_is_reported_with_the_compilers_message(tmp_path, monkey
   fake.chmod(0o755)
   monkeypatch.setenv("CXX", str(fake))
   monkeypatch.setenv("TF_DPKIT_CACHE_DIR", str(tmp_path / "cache"))
-  with pytest.raises(native.NativeUnavailable, match="exit 3.*no luck"):
-    native.build()
-  assert [p.name for p in (tmp_path / "cache").iterdir()
-          if not p.name.endswith(".lock")] == []  # no partial library left behind
+  with pytest.raises(native.NativeUnavailable, match="exit 3.*no luck.*all messages in"):
+    native.build("noise")
+  left = sorted(p.name for p in (tmp_path / "cache").iterdir())
+  name = native.library_name("noise")[:-len(".so")]
+  assert left == [name + ".log", name + ".so.lock"]  # no partial library left behind
+  assert "no luck" in (tmp_path / "cache" / (name + ".log")).read_text()  # the full log
 
 
 def brute_force_token_sums(ids, rows, factors, vocab):
@@ -425,7 +449,7 @@ def test_a_tf_compat_v1_graph_program_loads_checks_and_uses_the_kernels():
         values = session.run(noised)
       kinds = {op.type for op in tf.compat.v1.get_default_graph().get_operations()}
       print("STD", round(float(values.std()), 2), "FUSED", "DpkitAddStatelessNormal" in kinds)
-      print("STATUS", native.status())
+      print("STATUS", native.status("noise"))
   """).stdout
   assert "STD 2.0 FUSED True" in out  # se of the std: 2 / sqrt(2 n) = 0.0045
   assert "STATUS loaded from" in out
@@ -448,11 +472,192 @@ def test_an_unexpected_build_failure_falls_back_with_its_reason(tmp_path):
       import logging, pathlib, numpy as np, tensorflow as tf
       logging.basicConfig(level=logging.WARNING)
       from tf_dpkit import native, noise
-      native.SOURCES = (pathlib.Path("/nonexistent/noise_kernels.cc"),)
+      native.SOURCES["noise"] = pathlib.Path("/nonexistent/noise_kernels.cc")
       seed = tf.constant([1, 2], tf.int64)
       got = noise.stateless_standard_normal(tf.TensorShape([9]), seed).numpy()
       ref = noise.tf_ops_standard_normal(tf.TensorShape([9]), seed).numpy()
-      print("EQUAL", np.array_equal(got, ref), "STATUS", native.status())
+      print("EQUAL", np.array_equal(got, ref), "STATUS", native.status("noise"))
   """, TF_DPKIT_CACHE_DIR=str(tmp_path))
   assert "EQUAL True STATUS FileNotFoundError" in done.stdout
-  assert "compiled CPU kernels unavailable (FileNotFoundError" in done.stderr
+  assert "compiled CPU kernels for noise unavailable (FileNotFoundError" in done.stderr
+
+
+# The kernel cache's refusals, on private copies of this session's noise library and its digest
+# file (no new compile: a "build" in these tests writes the session's library bytes, and a load
+# records the bytes it was given instead of loading a second copy into this process).
+def fresh_state():
+  return {family: {"tried": False, "ops": None, "reason": "not tried yet"}
+          for family in native.FAMILIES}
+
+
+class CacheCopy:
+  """A cache folder (mode 0700) for one test, holding a copy of the verified noise library."""
+
+  def __init__(self, tmp_path, monkeypatch):
+    self.name = native.library_name("noise")
+    source = native.cache_dir()
+    self.genuine = (source / self.name).read_bytes()
+    self.folder = tmp_path / "cache"
+    self.folder.mkdir(mode=0o700)
+    for suffix in ("", ".sha256"):
+      shutil.copyfile(source / (self.name + suffix), self.folder / (self.name + suffix))
+    self.library = self.folder / self.name
+    self.record = self.folder / (self.name + ".sha256")
+    self.compiled, self.loaded = [], []
+    monkeypatch.setenv(native.CACHE_VARIABLE, str(self.folder))
+    monkeypatch.setattr(native, "_state", fresh_state())
+    monkeypatch.setattr(native, "_announced_build", False)
+    monkeypatch.setattr(native, "_compile", self._compile)
+    monkeypatch.setattr(native, "_load_and_check", self._load_and_check)
+
+  def _compile(self, family, cxx):
+    self.compiled.append(family)
+    return self.genuine, "kernels.cc:1: warning: a warning for the log", 0
+
+  def _load_and_check(self, family, data, label):
+    self.loaded.append(data)
+    return f"ops of {family}"
+
+
+@pytest.fixture
+def cache_copy(tmp_path, monkeypatch):
+  if LOADED["noise"] is None:
+    pytest.skip(f"compiled kernels unavailable here: {native.status('noise')}")
+  return CacheCopy(tmp_path, monkeypatch)
+
+
+def assert_refused(cache, *patterns):
+  assert native.kernels("noise") is None
+  for pattern in patterns:
+    assert pattern in native.status("noise"), native.status("noise")
+  assert cache.loaded == []  # nothing was loaded
+
+
+@needs_kernels
+def test_a_verified_library_from_an_earlier_build_loads_exactly_its_bytes(cache_copy):
+  assert native.kernels("noise") == "ops of noise"
+  assert cache_copy.loaded == [cache_copy.genuine] and cache_copy.compiled == []
+  assert "digest checked against " + cache_copy.name + ".sha256" in native.status("noise")
+
+
+@needs_kernels
+def test_a_cache_folder_owned_by_another_user_is_refused(cache_copy, monkeypatch):
+  owner = os.stat(cache_copy.folder).st_uid
+  monkeypatch.setattr(os, "geteuid", lambda: owner + 1000)  # this process as another user
+  assert_refused(cache_copy, f"is owned by uid {owner}, not by this user (uid {owner + 1000})",
+                 "TF_DPKIT_CACHE_DIR")
+  assert cache_copy.compiled == []
+
+
+@needs_kernels
+@pytest.mark.parametrize("mode", [0o770, 0o707, 0o777])
+def test_a_cache_folder_writable_by_group_or_others_is_refused(cache_copy, mode):
+  cache_copy.folder.chmod(mode)
+  assert_refused(cache_copy, f"is writable by group or others (mode {mode:04o})")
+  assert cache_copy.compiled == []
+
+
+@needs_kernels
+@pytest.mark.parametrize("mode", [0o620, 0o602])
+def test_a_library_writable_by_group_or_others_is_refused(cache_copy, mode):
+  cache_copy.library.chmod(mode)
+  assert_refused(cache_copy, f"{cache_copy.library} is writable by group or others")
+
+
+@needs_kernels
+def test_a_library_replaced_after_its_build_is_refused(cache_copy):
+  cache_copy.library.write_bytes(cache_copy.genuine[:-64] + b"planted".ljust(64, b"\0"))
+  assert_refused(cache_copy, "does not match the SHA-256 recorded when it was built",
+                 "python -m tf_dpkit.native build --force")
+
+
+@needs_kernels
+def test_a_library_built_here_is_checked_against_the_digest_kept_in_memory(cache_copy):
+  # Built by this process (into an empty folder), then both the library and its digest file
+  # replaced consistently: the digest this process recorded still refuses it.
+  for path in (cache_copy.library, cache_copy.record):
+    path.unlink()
+  assert native.kernels("noise") == "ops of noise" and cache_copy.compiled == ["noise"]
+  planted = b"planted library"
+  cache_copy.library.write_bytes(planted)
+  cache_copy.record.write_text(f"{hashlib.sha256(planted).hexdigest()}  {cache_copy.name}\n")
+  native._state["noise"] = fresh_state()["noise"]
+  cache_copy.loaded.clear()
+  assert_refused(cache_copy, "does not match the SHA-256")
+
+
+@needs_kernels
+def test_a_digest_file_without_a_digest_is_refused(cache_copy):
+  cache_copy.record.write_text("trust me\n")
+  assert_refused(cache_copy, "does not hold a SHA-256 digest")
+
+
+@needs_kernels
+@pytest.mark.parametrize("which", ["library", "record"])
+def test_a_symbolic_link_in_place_of_the_library_or_its_digest_is_refused(cache_copy, tmp_path,
+                                                                          which):
+  # Even a link to the genuine bytes: the cache holds only this user's own regular files.
+  path = getattr(cache_copy, which)
+  elsewhere = tmp_path / "elsewhere"
+  shutil.copyfile(path, elsewhere)
+  path.unlink()
+  path.symlink_to(elsewhere)
+  assert_refused(cache_copy, f"{path} is a symbolic link")
+
+
+@needs_kernels
+def test_a_symbolic_link_in_place_of_the_lock_file_is_refused_and_its_target_kept(cache_copy,
+                                                                                tmp_path):
+  target = tmp_path / "victim.txt"
+  target.write_text("not to be truncated")
+  (cache_copy.folder / (cache_copy.name + ".lock")).symlink_to(target)
+  assert_refused(cache_copy, "the lock file", "is a symbolic link")
+  assert target.read_text() == "not to be truncated"
+
+
+@needs_kernels
+def test_a_library_without_its_digest_file_is_rebuilt_not_loaded(cache_copy, caplog):
+  cache_copy.record.unlink()
+  cache_copy.library.write_bytes(b"planted library")
+  with caplog.at_level(logging.INFO, logger="tf_dpkit"):
+    assert native.kernels("noise") == "ops of noise"
+  assert cache_copy.compiled == ["noise"] and cache_copy.loaded == [cache_copy.genuine]
+  assert cache_copy.library.read_bytes() == cache_copy.genuine
+  assert cache_copy.record.read_text().split()[0] == hashlib.sha256(
+      cache_copy.genuine).hexdigest()
+  log = cache_copy.folder / (cache_copy.name[:-len(".so")] + ".log")
+  assert "a warning for the log" in log.read_text()  # the compiler's warnings are kept
+  assert f"1 compiler warnings, all messages in {log}" in native.status("noise")
+  building = [r for r in caplog.records if "building the compiled CPU kernels" in r.message]
+  assert [r.levelno for r in building] == [logging.WARNING]  # one line, for the lazy build
+  for path in (cache_copy.library, cache_copy.record, log):
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+@needs_kernels
+def test_a_new_cache_folder_is_created_private(cache_copy, tmp_path, monkeypatch):
+  folder = tmp_path / "new" / "tf_dpkit"
+  monkeypatch.setenv(native.CACHE_VARIABLE, str(folder))
+  assert native.kernels("noise") == "ops of noise"
+  assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+
+
+@needs_kernels
+def test_one_family_that_cannot_be_built_leaves_the_others(cache_copy, monkeypatch):
+  sources = dict(native.SOURCES, conv=native.SOURCES["conv"].with_name("missing.cc"))
+  monkeypatch.setattr(native, "SOURCES", sources)
+  assert native.kernels("conv") is None
+  assert native.status("conv").startswith("FileNotFoundError")
+  assert native.kernels("noise") == "ops of noise"
+  assert native.status().startswith("noise: loaded from")
+
+
+@needs_kernels
+def test_the_build_command_builds_checks_and_reports_every_family():
+  done = subprocess.run([sys.executable, "-m", "tf_dpkit.native", "build"], capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+  for family in native.FAMILIES:
+    line = next(l for l in done.stdout.splitlines() if l.startswith(family + ":"))
+    digest = hashlib.sha256(native.build(family).read_bytes()).hexdigest()
+    assert line.startswith(f"{family}: loaded from {native.build(family)} (sha256 {digest[:16]}")

@@ -21,8 +21,8 @@ def samples(request):
   if request.param == "tf_ops":
     drawn = noise.tf_ops_standard_normal(tf.TensorShape([N]), SEED)
   else:
-    if native.kernels() is None:
-      pytest.skip(f"compiled noise kernels unavailable here: {native.status()}")
+    if native.kernels("noise") is None:
+      pytest.skip(f"compiled noise kernels unavailable here: {native.status('noise')}")
     drawn = noise.stateless_standard_normal(tf.TensorShape([N]), SEED, device="/CPU:0")
   return drawn.numpy().astype(np.float64)
 

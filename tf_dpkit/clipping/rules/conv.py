@@ -210,7 +210,7 @@ def conv_rule(layer, inputs):
   if pads is not None and None not in (out_h, out_w, channels, filters):
     taps = kernel_hw[0] * kernel_hw[1] * channels
     if linear.explicit_is_cheaper(_NATIVE_ADVANTAGE * out_h * out_w, taps, filters):
-      compiled = native.kernels_for(x.device, x.dtype)
+      compiled = native.kernels_for("conv", x.device, x.dtype)
   # The per-microbatch kernel gradients are kept (the clipped sum is then one contraction
   # instead of the fast path's VJP, a second filter gradient of the norms' cost) when they need
   # no more memory than the layer's input or output gradient (kh kw C P <= max(H W C, OH OW P)),

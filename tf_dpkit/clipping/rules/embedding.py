@@ -57,7 +57,8 @@ class TokenSums:
     length = tf.shape(ids)[1]
     dtype = tf.float32 if g.dtype.size < 4 else g.dtype
     rows = tf.reshape(tf.cast(g, dtype), tf.stack([num_groups, length, tf.shape(g)[-1]]))
-    kernels = native.kernels_for(g.device, dtype)  # decided once: clipped_sum follows it
+    # Decided once: clipped_sum follows it.
+    kernels = native.kernels_for("embedding", g.device, dtype)
     self._positions = (ids, counted, rows, kernels)
     if kernels is not None:
       return kernels.dpkit_token_squared_norms(ids, rows, tf.constant(vocab, tf.int64))
