@@ -6,9 +6,9 @@ weights:
 
 * images of the teachers are stacked on the channel axis, teacher-major: an input
   ``[B, H, W, T * C]`` holds at channels ``t*C .. t*C + C - 1`` an image for teacher ``t``;
-* convolutions are *grouped* convolutions with ``groups = T`` (:class:`TeacherConv2D`, with
-  TensorFlow's grouped ``tf.nn.conv2d``), so output channels of teacher ``t`` are computed
-  from teacher ``t``'s input channels only;
+* a convolution (:class:`TeacherConv2D`) is a grouped convolution with ``groups = T``: output
+  channels of teacher ``t`` are computed from teacher ``t``'s input channels only, by one
+  ordinary ``tf.nn.conv2d`` per teacher on its own channel slice;
 * :class:`TeacherDense` holds a kernel ``[T, d_in, d_out]`` and computes
   ``y[b, t] = x[b, t] @ W[t] + bias[t]`` (one batched ``einsum``).
 
@@ -77,8 +77,13 @@ def _teacher_dense_class():
     ``[B, H', W', T * filters]``, output channels ``t*filters ..`` computed from input
     channels ``t*C_in ..`` only (a grouped convolution with ``groups = T``).
 
-    Calls ``tf.nn.conv2d`` directly: Keras 3 compiles grouped convolutions on CPU with XLA,
-    whose gradient was over 1000 times slower here than TensorFlow's own kernel."""
+    Computed as ``T`` ordinary ``tf.nn.conv2d`` calls, one per teacher on its channel slice,
+    whose outputs are concatenated: the gradient of TensorFlow's grouped convolution exists on
+    CPU only under oneDNN (TensorFlow raises "Gradients for grouped convolutions are not
+    supported on CPU" where oneDNN is off, the default on CPUs without AVX-512), and Keras 3
+    runs grouped convolutions on CPU through XLA, whose gradient is far slower.  The ordinary
+    convolution and its gradients exist on every device; with oneDNN on, the per-teacher form
+    measured as fast as the grouped op (``T = 250``, the tutorial's network)."""
 
     def __init__(self, num_teachers, filters, kernel_size=5, strides=2, activation=None,
                  **kwargs):
@@ -100,8 +105,12 @@ def _teacher_dense_class():
 
     def call(self, x):
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      y = tf.nn.conv2d(x, self.kernel, self.strides, "SAME") + self.bias
-      return self.activation(y)
+      t = self.num_teachers
+      inputs = tf.split(x, t, axis=-1)
+      kernels = tf.split(self.kernel, t, axis=-1)
+      y = tf.concat([tf.nn.conv2d(x_t, kernel_t, self.strides, "SAME")
+                     for x_t, kernel_t in zip(inputs, kernels)], axis=-1)
+      return self.activation(y + self.bias)
 
     def get_config(self):
       return {**super().get_config(), "num_teachers": self.num_teachers,

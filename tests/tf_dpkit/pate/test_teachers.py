@@ -31,6 +31,62 @@ def test_each_teacher_sees_only_its_own_channels_and_gets_only_its_own_gradient(
     assert per_teacher[1] > 0 and np.all(np.delete(per_teacher, 1) == 0.0), variable.name
 
 
+def test_each_teacher_equals_a_plain_keras_cnn_holding_its_own_weights():
+  # Independent reference: teacher t of the batched model is the ordinary Keras CNN
+  # Conv2D -> Conv2D -> Flatten -> Dense -> Dense with teacher t's slices of the weights,
+  # applied to teacher t's channels; the same for the gradient of teacher t's loss, while
+  # all other teachers' weights get an exactly zero gradient.  Runs with oneDNN on and off
+  # (TensorFlow's grouped convolution has no gradient on CPU without oneDNN).
+  import keras
+  t, c, k, (f1, f2), hidden = 3, 2, 4, (4, 5), 6
+  model = pate.build_teacher_model(t, (12, 12, c), k, conv_filters=(f1, f2),
+                                   hidden_units=hidden, dropout=0.0)
+  rng = np.random.default_rng(1)
+  for variable in model.trainable_variables:  # non-zero biases too
+    variable.assign(rng.normal(size=variable.shape).astype(np.float32) * 0.3)
+  x = rng.random((5, 12, 12, t * c)).astype(np.float32)
+  labels = rng.integers(0, k, size=5)
+  conv1, conv2, dense1, dense2 = (layer for layer in model.layers if layer.weights)
+  with tf.GradientTape(persistent=True) as tape:
+    out = model(x)
+    losses = [tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, out[:, j]))
+              for j in range(t)]
+  for j in range(t):
+    plain = keras.Sequential([
+        keras.Input((12, 12, c)),
+        keras.layers.Conv2D(f1, 5, strides=2, padding="same", activation="relu"),
+        keras.layers.Conv2D(f2, 5, strides=2, padding="same", activation="relu"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(hidden, activation="relu"),
+        keras.layers.Dense(k)])
+    own = [conv1.kernel.numpy()[..., j * f1:(j + 1) * f1], conv1.bias.numpy()[j * f1:(j + 1) * f1],
+           conv2.kernel.numpy()[..., j * f2:(j + 1) * f2], conv2.bias.numpy()[j * f2:(j + 1) * f2],
+           dense1.kernel.numpy()[j], dense1.bias.numpy()[j],
+           dense2.kernel.numpy()[j], dense2.bias.numpy()[j]]
+    plain.set_weights(own)
+    x_j = x[..., j * c:(j + 1) * c]
+    with tf.GradientTape() as plain_tape:
+      plain_loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels, plain(x_j)))
+    np.testing.assert_allclose(out[:, j].numpy(), plain(x_j).numpy(), rtol=1e-4, atol=1e-5)
+    plain_grads = plain_tape.gradient(plain_loss, plain.trainable_variables)
+    grads = dict(zip((v.path for v in model.trainable_variables),
+                     tape.gradient(losses[j], model.trainable_variables)))
+    for layer, f, offset in ((conv1, f1, 0), (conv2, f2, 2)):
+      g_kernel, g_bias = grads[layer.kernel.path].numpy(), grads[layer.bias.path].numpy()
+      np.testing.assert_allclose(g_kernel[..., j * f:(j + 1) * f], plain_grads[offset],
+                                 rtol=1e-4, atol=1e-5)
+      np.testing.assert_allclose(g_bias[j * f:(j + 1) * f], plain_grads[offset + 1],
+                                 rtol=1e-4, atol=1e-5)
+      others = np.delete(g_kernel.reshape(-1, t, f), j, axis=1)
+      assert np.all(others == 0.0) and np.all(np.delete(g_bias.reshape(t, f), j, 0) == 0.0)
+    for layer, offset in ((dense1, 4), (dense2, 6)):
+      g_kernel, g_bias = grads[layer.kernel.path].numpy(), grads[layer.bias.path].numpy()
+      np.testing.assert_allclose(g_kernel[j], plain_grads[offset], rtol=1e-4, atol=1e-5)
+      np.testing.assert_allclose(g_bias[j], plain_grads[offset + 1], rtol=1e-4, atol=1e-5)
+      assert np.all(np.delete(g_kernel, j, 0) == 0.0) and np.all(np.delete(g_bias, j, 0) == 0.0)
+
+
 def test_fit_refuses_overlapping_or_wrong_shards():
   ensemble = pate.TeacherEnsemble(2, (8, 8, 1), 3, conv_filters=(2,), hidden_units=0)
   x, y = np.zeros((10, 8, 8, 1), np.float32), np.zeros(10, np.int64)
