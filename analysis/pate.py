@@ -152,7 +152,7 @@ import warnings
 import numpy as np
 from scipy import optimize, special
 
-from analysis import _checks
+from analysis import _checks, _secrecy
 from analysis import accountant as _accountant
 from analysis import events
 from analysis import rdp_accountant
@@ -863,6 +863,9 @@ class _Part:
   shifted: bool = False
 
 
+@_secrecy.refuse_pickling(
+    "every composed query's raw vote histogram (private data)", copies=True,
+    instead="Publish its ledger or data_independent_epsilon() instead.")
 class PateAccountant(_accountant.Accountant):
   """Composes PATE queries (GNMax, LNMax, Confident and Interactive GNMax) and reports epsilon.
 
@@ -876,8 +879,9 @@ class PateAccountant(_accountant.Accountant):
 
   What may be published:
 
-  * :attr:`ledger` (and :meth:`data_independent_epsilon`, :meth:`data_independent_delta`):
-    only noise levels and how many checks and answers there were: the data-independent
+  * :attr:`ledger`, :meth:`get_epsilon` / :meth:`get_delta` (the generic
+    :class:`analysis.accountant.Accountant` interface) and their explicit names
+    :meth:`data_independent_epsilon`, :meth:`data_independent_delta`: only noise levels and how many checks and answers there were: the data-independent
     description (GNMax: ``GaussianEvent(sigma / sqrt(2))``; threshold check:
     ``GaussianEvent(sigma1)``; LNMax: ``LaplaceEvent(b / 2)``, L1 sensitivity 2).  The
     answered/refused outcomes it records are outputs of the private mechanism already released
@@ -887,11 +891,15 @@ class PateAccountant(_accountant.Accountant):
   * :attr:`queries`, :attr:`answered`, :attr:`orders`.
 
   What must NOT be published (computed from the teachers' votes, i.e. from the private data):
-  :meth:`get_epsilon`, :meth:`get_delta`, :meth:`rdp` and :meth:`smooth_sensitivity`.  Those
-  are the data-dependent quantities (upper bounds on the privacy loss at the actual data,
-  never above the data-independent ones); publishing them leaks about the votes.  For this
-  reason "pate" is not one of :func:`analysis.accountants.make_accountant`'s names, whose
-  accountants report (epsilon, delta)-DP guarantees that hold for every data set.
+  :meth:`private_data_dependent_epsilon`, :meth:`private_data_dependent_delta`, :meth:`rdp`
+  (unless ``data_independent``) and :meth:`smooth_sensitivity`.  Those are the data-dependent
+  quantities (upper bounds on the privacy loss at the actual data, never above the
+  data-independent ones); publishing them leaks about the votes.  Code written against the
+  generic interface therefore gets the publishable number from :meth:`get_epsilon`.  "pate" is
+  not one of :func:`analysis.accountants.make_accountant`'s names.
+
+  The accountant holds every composed histogram, so it cannot be pickled
+  (:mod:`analysis._secrecy`); ``copy.deepcopy`` works (an in-process copy releases nothing).
 
   :meth:`compose` also takes plain events (``GaussianEvent``, ``LaplaceEvent`` and
   ``SelfComposedEvent`` / ``ComposedEvent`` of them), accounted data-independently; sampled
@@ -1081,11 +1089,24 @@ class PateAccountant(_accountant.Accountant):
     pass
 
   def get_epsilon(self, delta: float) -> float:
-    """PRIVATE data-dependent epsilon (nats) at ``delta`` in (0, 1).
+    """PUBLISHABLE epsilon (nats) at ``delta`` in (0, 1): :meth:`data_independent_epsilon`.
+
+    The generic :class:`analysis.accountant.Accountant` interface reports a guarantee that
+    holds for every data set; the data-dependent bound is :meth:`private_data_dependent_epsilon`.
+    """
+    return self.data_independent_epsilon(delta)
+
+  def get_delta(self, epsilon: float) -> float:
+    """PUBLISHABLE delta at ``epsilon`` >= 0: :meth:`data_independent_delta`."""
+    return self.data_independent_delta(epsilon)
+
+  def private_data_dependent_epsilon(self, delta: float) -> float:
+    """PRIVATE data-dependent epsilon (nats) at ``delta`` in (0, 1): never publish it.
 
     min(the data-dependent RDP converted over the grid and over real orders near the best grid
     order (:func:`analysis.rdp_accountant.get_privacy_spent` at each order), the
-    data-independent epsilon).  Do not publish (class docstring).
+    data-independent epsilon).  Computed from the votes, so it leaks about the private data
+    (class docstring); publish :meth:`get_epsilon` or :meth:`smooth_sensitivity_epsilon`.
     """
     delta = _checks.check_delta("delta", delta)
     if not self._events:
@@ -1093,8 +1114,9 @@ class PateAccountant(_accountant.Accountant):
     eps = self._convert(self._rdp_curve, "dep", target_delta=delta)
     return min(eps, self.data_independent_epsilon(delta))
 
-  def get_delta(self, epsilon: float) -> float:
-    """PRIVATE data-dependent delta at ``epsilon`` >= 0 (as :meth:`get_epsilon`)."""
+  def private_data_dependent_delta(self, epsilon: float) -> float:
+    """PRIVATE data-dependent delta at ``epsilon`` >= 0 (as
+    :meth:`private_data_dependent_epsilon`): never publish it."""
     epsilon = _checks.check_nonnegative("epsilon", epsilon)
     if not self._events:
       return 0.0
@@ -1112,7 +1134,7 @@ class PateAccountant(_accountant.Accountant):
 
     With only Gaussian parts (no LNMax / Laplace) the ledger is composed exactly by
     :class:`analysis.rdp_accountant.RdpAccountant` (an exact Gaussian composition); otherwise
-    the data-independent RDP curve is converted as in :meth:`get_epsilon`.
+    the data-independent RDP curve is converted as in :meth:`private_data_dependent_epsilon`.
     """
     delta = _checks.check_delta("delta", delta)
     if not self._events:

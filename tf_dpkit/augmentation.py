@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from analysis import _checks
+from analysis import _checks, _secrecy
 from tf_dpkit import distribute
 from tf_dpkit import noise as noise_lib
 from tf_dpkit.clipping.examples import map_examples
@@ -72,6 +72,8 @@ __all__ = ["AugmentationMultiplicity", "MAX_MULTIPLICITY", "check_augmentation"]
 MAX_MULTIPLICITY = MAX_MICROBATCH_SIZE
 
 
+@_secrecy.refuse_pickling("its secret augmentation key", copies=False,
+                          instead="Make a new AugmentationMultiplicity where one is needed.")
 class AugmentationMultiplicity:
   """K random per-example augmentations whose mean gradient is clipped once per example.
 

@@ -43,6 +43,7 @@ import secrets
 import numpy as np
 import tensorflow as tf
 
+from analysis import _secrecy
 from tf_dpkit import native
 
 _MAX_KEY = 2**62
@@ -61,6 +62,9 @@ def fresh_key(seed: int | None = None) -> SecretInt:
   return SecretInt(seed).prepare()
 
 
+@_secrecy.refuse_pickling(
+    "a secret (a noise key, sampling seed or augmentation key)", copies=False,
+    instead="Save the model, not the object: a process that resumes draws a fresh key.")
 class SecretInt:
   """An int64 secret (noise key, sampling seed) that graphs read without embedding it.
 
@@ -73,7 +77,9 @@ class SecretInt:
   * in a ``tf.compat.v1`` graph: a ``py_func`` that returns the value when the graph runs (the
     graph holds only a reference to a Python callable of this process).
 
-  Never ``repr`` the value; ``int(secret)`` gives it back for host-side code.
+  Never ``repr`` the value; ``int(secret)`` gives it back for host-side code.  It cannot be
+  pickled or copied (:mod:`analysis._secrecy`), nor can any object that holds it (optimizers,
+  pipelines, augmentations, aggregators).
   """
 
   __slots__ = ("_value", "_variable")

@@ -40,7 +40,7 @@ import warnings
 
 import keras
 
-from analysis import _checks, calibration, dp_sgd
+from analysis import _checks, _secrecy, calibration, dp_sgd
 from analysis import adaptive_clipping as adaptive_maths
 from analysis import accountants as _accountants
 from tf_dpkit import augmentation as augmentation_lib
@@ -56,8 +56,13 @@ _SAMPLINGS = budget_lib.SAMPLINGS
 _MAX_EPOCHS = 10**6
 
 
+@_secrecy.refuse_pickling(
+    "the private training data (and its sampling seed and augmentation key)", copies=True,
+    instead="Save the model and the run's settings (repr) instead.")
 class DPTraining:
   """A DP-SGD configuration; build it with :func:`make_private` (see the module docstring).
+
+  It holds the private training data, so it cannot be pickled (:mod:`analysis._secrecy`).
 
   Attributes (read-only): ``dataset_size`` N, ``batch_size`` b (expected for Poisson),
   ``sampling_probability`` q = b / N, ``epochs``, ``steps_per_epoch``, ``steps``,

@@ -199,7 +199,7 @@ def main(argv):
       student_labeled[part] = result.student_labeled
       curve.append({
           "queries": accountant.queries, "answered": accountant.answered,
-          "epsilon_data_dependent": accountant.get_epsilon(FLAGS.delta),
+          "epsilon_data_dependent": accountant.private_data_dependent_epsilon(FLAGS.delta),
           "epsilon_data_independent": accountant.data_independent_epsilon(FLAGS.delta)})
       print(f"queries={curve[-1]['queries']} answered={curve[-1]['answered']} "
             f"epsilon_data_dependent={curve[-1]['epsilon_data_dependent']:.4f} "
@@ -277,7 +277,7 @@ def main(argv):
       "student": FLAGS.student, "student_steps": FLAGS.student_steps,
       "student_accuracy_supervised_only": supervised_acc,
       "student_accuracy": accuracy_points[-1]["student_accuracy"] if accuracy_points else 0.0,
-      "epsilon_data_dependent": accountant.get_epsilon(FLAGS.delta),
+      "epsilon_data_dependent": accountant.private_data_dependent_epsilon(FLAGS.delta),
       "epsilon_data_independent": accountant.data_independent_epsilon(FLAGS.delta),
       "epsilon_smooth_sensitivity": ss.epsilon,
       "smooth_sensitivity": {"order": ss.order, "beta": ss.beta, "sigma_ss": ss.sigma_ss,

@@ -520,7 +520,7 @@ def test_accountant_confident_gnmax_against_a_recomputation():
   ref_grid = [sum(per_query(i, a) for i in range(60)) for a in grid]
   np.testing.assert_allclose(acc.rdp(grid), ref_grid, rtol=1e-8)
   ref = _tight_epsilon(dense, acc.rdp(dense), delta)
-  eps = acc.get_epsilon(delta)
+  eps = acc.private_data_dependent_epsilon(delta)
   assert eps <= ref * (1 + 1e-9)
   assert eps >= ref * (1 - 2e-3)
   # Data-independent: exact Gaussian composition of the ledger, by hand.
@@ -530,8 +530,8 @@ def test_accountant_confident_gnmax_against_a_recomputation():
   assert acc.data_independent_epsilon(delta) == pytest.approx(indep.get_epsilon(delta),
                                                                rel=1e-12)
   assert eps < acc.data_independent_epsilon(delta)
-  assert acc.get_delta(eps * 1.01) <= delta * 1.0001
-  assert acc.get_delta(eps * 1.01) <= acc.data_independent_delta(eps * 1.01)
+  assert acc.private_data_dependent_delta(eps * 1.01) <= delta * 1.0001
+  assert acc.private_data_dependent_delta(eps * 1.01) <= acc.data_independent_delta(eps * 1.01)
 
 
 def test_accountant_gnmax_data_independent_equals_rdp_accountant():
@@ -562,7 +562,7 @@ def test_accountant_interactive_and_lnmax_and_plain_events():
               + 3 * np.array(orders) / 50.0
               + np.asarray(_laplace_rdp_reference(10.0, orders)))
   np.testing.assert_allclose(acc.rdp(orders), expected, rtol=1e-12)
-  assert acc.get_epsilon(1e-5) <= acc.data_independent_epsilon(1e-5)
+  assert acc.private_data_dependent_epsilon(1e-5) <= acc.data_independent_epsilon(1e-5)
   with pytest.raises(events.UnsupportedEventError):
     _ = acc.atoms  # Laplace parts are not Gaussian atoms
   assert isinstance(acc.ledger.events[-1], events.LaplaceEvent)
@@ -624,6 +624,8 @@ def test_accountant_smooth_sensitivity_epsilon():
 def test_empty_accountant():
   acc = pate.PateAccountant()
   assert acc.get_epsilon(1e-5) == 0.0 and acc.get_delta(1.0) == 0.0
+  assert acc.private_data_dependent_epsilon(1e-5) == 0.0
+  assert acc.private_data_dependent_delta(1.0) == 0.0
   assert acc.data_independent_epsilon(1e-5) == 0.0
   assert acc.queries == 0 and acc.answered == 0
 
@@ -690,6 +692,8 @@ BAD = [
     (lambda: pate.PateAccountant().compose(events.GaussianEvent(1.0), -1), "count"),
     (lambda: pate.PateAccountant().get_epsilon(0.0), "delta"),
     (lambda: pate.PateAccountant().get_delta(-1.0), "epsilon"),
+    (lambda: pate.PateAccountant().private_data_dependent_epsilon(0.0), "delta"),
+    (lambda: pate.PateAccountant().private_data_dependent_delta(-1.0), "epsilon"),
     (lambda: pate.PateAccountant().data_independent_epsilon(1.0), "delta"),
     (lambda: pate.PateAccountant().smooth_sensitivity(0.1, 0.5), "order"),
     (lambda: pate.PateAccountant().smooth_sensitivity_epsilon(1e-5, 0.01, 1.0, 2.0, rng=-1),
@@ -701,3 +705,52 @@ BAD = [
 def test_errors_name_the_argument(call, name):
   with pytest.raises(ValueError, match=name):
     call()
+
+
+def _consensus_accountant():
+  """50 Confident GNMax answers on a strong consensus: the data-dependent epsilon is far below
+  the data-independent one, so the two are told apart."""
+  acc = pate.PateAccountant(num_teachers=250)
+  for _ in range(50):
+    acc.compose_confident_gnmax([245, 3, 2], 200.0, 150.0, 40.0, answered=True)
+  return acc
+
+
+def test_generic_interface_reports_the_publishable_data_independent_epsilon():
+  # Was: get_epsilon / get_delta returned the PRIVATE data-dependent values, so code written
+  # against analysis.accountant.Accountant printed a number computed from the votes.
+  acc = _consensus_accountant()
+  reference = rdp_accountant.RdpAccountant().compose(
+      events.SelfComposedEvent(events.GaussianEvent(150.0), 50)).compose(
+          events.SelfComposedEvent(events.GaussianEvent(40.0 / math.sqrt(2)), 50))
+  # Independent reference: dp_accounting's PLD accountant on the same Gaussian releases.
+  dpa_lib = _dp_accounting()
+  dpa = dpa_lib.pld.PLDAccountant(value_discretization_interval=1e-4)
+  dpa.compose(dpa_lib.GaussianDpEvent(150.0), 50)
+  dpa.compose(dpa_lib.GaussianDpEvent(40.0 / math.sqrt(2)), 50)
+  for delta in (1e-5, 1e-3):
+    assert acc.get_epsilon(delta) == reference.get_epsilon(delta)
+    assert acc.get_epsilon(delta) == pytest.approx(dpa.get_epsilon(delta), rel=2e-3)
+    private = acc.private_data_dependent_epsilon(delta)
+    assert 0 < private < 0.5 * acc.get_epsilon(delta)
+  eps = acc.get_epsilon(1e-5)
+  assert acc.get_delta(eps) == pytest.approx(reference.get_delta(eps), rel=1e-9)
+  assert acc.private_data_dependent_delta(eps) < acc.get_delta(eps)
+
+
+def test_accountant_holding_vote_histograms_refuses_pickle_but_copies():
+  import copy  # pylint: disable=g-import-not-at-top
+  import pickle  # pylint: disable=g-import-not-at-top
+  acc = pate.PateAccountant(num_teachers=123457 + 5)
+  acc.compose_gnmax([123457, 3, 2], 40.0)
+  with pytest.raises(TypeError, match="PateAccountant holds .*vote histogram.*cannot be pickled"):
+    pickle.dumps(acc)
+  twin = copy.deepcopy(acc)  # an in-process copy releases nothing
+  assert twin.private_data_dependent_epsilon(1e-5) == acc.private_data_dependent_epsilon(1e-5)
+  twin.compose_gnmax([123457, 3, 2], 40.0)
+  assert (twin.queries, acc.queries) == (2, 1)
+  assert copy.copy(acc).queries == 1
+  # What does serialise, the ledger, holds no vote count.
+  ledger = pickle.dumps(acc.ledger)
+  assert not any(p in ledger for p in (b"123457", (123457).to_bytes(4, "little"),
+                                       (123457).to_bytes(8, "little")))

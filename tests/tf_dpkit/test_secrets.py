@@ -197,3 +197,83 @@ def test_augmentation_key_reaches_no_file(tmp_path):
   assert files_holding(tmp_path, AUGMENTATION_KEY) == []
   (tmp_path / "control.txt").write_text(str(AUGMENTATION_KEY))
   assert files_holding(tmp_path, AUGMENTATION_KEY) == [str(tmp_path / "control.txt")]
+
+
+# -- Pickles: an object holding a secret or private data refuses pickle (analysis._secrecy) --
+
+def _secret_holders():
+  """(the class named in the error, object, copies refused)."""
+  from tf_dpkit.data.poisson import PoissonSampling  # pylint: disable=g-import-not-at-top
+  from tf_dpkit import noise as noise_lib  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(20, 3)).astype(np.float32)
+  y = rng.integers(0, 2, 20)
+  flip = lambda example, seed: -example  # noqa: E731
+  optimizer = tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0, learning_rate=0.1,
+                                                          seed=NOISE_KEY)
+  training = tf_dpkit.make_private((x, y), batch_size=5, l2_norm_clip=1.0, delta=1e-3,
+                                   epochs=1, noise_multiplier=1.0,
+                                   augmentation=tf_dpkit.AugmentationMultiplicity(
+                                       flip, 2, seed=AUGMENTATION_KEY))
+  return [
+      ("SecretInt", noise_lib.fresh_key(NOISE_KEY), True),
+      ("DPSettings", optimizer.dp_settings, True),
+      ("DPGradientDescentGaussianOptimizer", optimizer, True),
+      ("AugmentationMultiplicity",
+       tf_dpkit.AugmentationMultiplicity(flip, 2, seed=AUGMENTATION_KEY), True),
+      ("PoissonSampling", PoissonSampling(20, 0.25, 3, SAMPLING_SEED), True),
+      # Holds the data (copies allowed) and an augmentation key (deep copies refused).
+      ("DPTraining", training, False),
+  ]
+
+
+def test_objects_holding_a_secret_refuse_pickle_and_copy():
+  # Was: pickle.dumps(AugmentationMultiplicity / DPTraining / PoissonSampling / DPSettings)
+  # wrote the key or seed (the SecretInt's value and its variable); copies drew the same
+  # noise as the original.
+  import copy  # pylint: disable=g-import-not-at-top
+  import pickle  # pylint: disable=g-import-not-at-top
+  for name, holder, copies_refused in _secret_holders():
+    with pytest.raises(TypeError, match=f"{name} holds .*: it cannot be pickled"):
+      pickle.dumps(holder)
+    with pytest.raises(TypeError, match="holds .*secret.*cannot be pickled or copied"):
+      copy.deepcopy(holder)
+    if copies_refused:
+      with pytest.raises(TypeError, match=f"{name} holds .*cannot be pickled or copied"):
+        copy.copy(holder)
+
+
+def test_make_private_training_data_refuses_pickle_but_copies(tmp_path):
+  import copy  # pylint: disable=g-import-not-at-top
+  import pickle  # pylint: disable=g-import-not-at-top
+  x = np.full((20, 3), 123457.0, np.float32)  # a value the search can find
+  training = tf_dpkit.make_private((x, np.zeros(20, np.int64)), batch_size=5, l2_norm_clip=1.0,
+                                   delta=1e-3, epochs=1, noise_multiplier=1.0)
+  with pytest.raises(TypeError, match="DPTraining holds the private training data"):
+    pickle.dumps(training)
+  twin = copy.deepcopy(training)
+  assert repr(twin) == repr(training) and twin is not training
+  (tmp_path / "repr.txt").write_text(repr(training))
+  assert files_holding(tmp_path, 123457) == []
+
+
+def test_a_pickled_dp_model_holds_no_noise_key():
+  # What does serialise (Keras pickles a model as its .keras file) holds no key.
+  import pickle  # pylint: disable=g-import-not-at-top
+  model, _, _ = _fitted_model_no_backup()
+  data = pickle.dumps(model)
+  assert len(data) > 1000
+  assert not any(pattern in data for pattern in __import__("secret_search").byte_patterns(
+      NOISE_KEY))
+
+
+def _fitted_model_no_backup():
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(16, 3)).astype(np.float32)
+  y = rng.integers(0, 2, 16)
+  model = tf_dpkit.DPSequential([keras.Input((3,)), keras.layers.Dense(2)])
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(
+      1.0, 1.0, learning_rate=0.1, expected_batch_size=4.0, seed=NOISE_KEY),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  model.fit(poisson_batches((x, y), expected_batch_size=4, steps=2), epochs=1, verbose=0)
+  return model, x, y

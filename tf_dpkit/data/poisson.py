@@ -134,7 +134,7 @@ import secrets
 
 import tensorflow as tf
 
-from analysis import _checks
+from analysis import _checks, _secrecy
 from tf_dpkit import distribute
 from tf_dpkit import noise as noise_lib
 
@@ -317,6 +317,7 @@ def _indices_and_weights(selected):
   return indices, weights
 
 
+@_secrecy.refuse_pickling("its secret sampling seed", copies=False)
 @dataclasses.dataclass(frozen=True)
 class PoissonSampling:
   """Poisson sampling of ``num_examples`` examples with probability ``sampling_probability``.

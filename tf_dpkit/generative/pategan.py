@@ -509,7 +509,7 @@ class PATEGAN:
     computed from the private data; never publish it (module docstring)."""
     if self.noise_scale is None:
       return math.inf
-    return self.accountant.get_epsilon(self.delta)
+    return self.accountant.private_data_dependent_epsilon(self.delta)
 
   def sanitized_epsilon(self, *, beta, sigma_ss, order, rng=None):
     """PUBLISHABLE smooth-sensitivity release of the data-dependent epsilon

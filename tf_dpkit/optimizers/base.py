@@ -18,7 +18,7 @@ import numbers
 
 import tensorflow as tf
 
-from analysis import _checks
+from analysis import _checks, _secrecy
 from tf_dpkit import distribute
 from tf_dpkit.clipping.clipped_sum import ClippedSum
 from tf_dpkit.clipping.per_example import assert_nonempty
@@ -67,8 +67,14 @@ def check_learning_rate(base, args, kwargs):
                      f"{value!r}.")
 
 
+@_secrecy.refuse_pickling(
+    "the secret noise key", copies=False,
+    instead="Save the model (.keras, checkpoint: they hold no key); a process that resumes "
+    "draws a fresh key.")
 class DPOptimizerBase:
-  """Mixin placed before the wrapped optimizer class; see the module docstring."""
+  """Mixin placed before the wrapped optimizer class; see the module docstring.  A DP
+  optimizer holds the secret noise key, so it cannot be pickled or copied
+  (:mod:`analysis._secrecy`)."""
 
   _dp_base_class = None  # set on each generated class
   _supports_replicas = True  # DP-SGD over the global batch under tf.distribute (see there)

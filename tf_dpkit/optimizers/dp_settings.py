@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from analysis import _checks
+from analysis import _checks, _secrecy
 from analysis import schedules
 from tf_dpkit import distribute
 from tf_dpkit import noise as noise_lib
 
 
+@_secrecy.refuse_pickling("the secret noise key", copies=False,
+                          instead="Save the model (its config holds no key); a process that "
+                          "resumes draws a fresh key.")
 class DPSettings:
   """Validated DP-SGD settings.
+
+  It holds the noise key, so it (and the optimizer) cannot be pickled or copied
+  (:mod:`analysis._secrecy`).
 
   Attributes:
     l2_norm_clip: C > 0, the L2 bound on each microbatch's gradient, or an

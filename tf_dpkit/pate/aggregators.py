@@ -32,7 +32,7 @@ import dataclasses
 
 import numpy as np
 
-from analysis import _checks
+from analysis import _checks, _secrecy
 from analysis import pate as pate_analysis
 from tf_dpkit import noise as _noise
 from tf_dpkit.pate.votes import TeacherVotes, as_votes
@@ -63,6 +63,7 @@ class Answers:
     return self.labels >= 0
 
 
+@_secrecy.refuse_pickling("private votes and a secret noise key", copies=False)
 class Aggregator:
   """Base class: holds the votes, the secret key, the draw counter and the accountant.
 
@@ -115,12 +116,6 @@ class Aggregator:
             f"num_classes={self.num_classes}, votes=<hidden>, key=<hidden>)")
 
   __str__ = __repr__
-
-  def __reduce_ex__(self, *args):
-    raise TypeError(f"{type(self).__name__} holds private votes and a secret noise key and "
-                    "cannot be pickled or copied.")
-
-  __reduce__ = __getstate__ = __copy__ = __deepcopy__ = __reduce_ex__
 
   def _params(self) -> str:
     raise NotImplementedError

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from analysis import _checks
+from analysis import _checks, _secrecy
 from tf_dpkit.pate.votes import TeacherVotes
 
 
@@ -197,8 +197,13 @@ def build_teacher_model(num_teachers: int, input_shape=(28, 28, 1), num_classes:
   return keras.Model(inputs, outputs, name=f"teacher_ensemble_{num_teachers}")
 
 
+@_secrecy.refuse_pickling(
+    "teachers trained without privacy on the private shards", copies=True,
+    instead="Release their knowledge only through an aggregator's noisy answers.")
 class TeacherEnsemble:
   """``num_teachers`` teachers in one batched Keras model (see the module docstring).
+
+  The teachers are not private, so the ensemble cannot be pickled (:mod:`analysis._secrecy`).
 
   Typical use::
 

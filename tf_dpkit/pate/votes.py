@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from analysis import _checks
+from analysis import _checks, _secrecy
 
 
+@_secrecy.refuse_pickling(
+    "private, noiseless vote counts", copies=False,
+    instead="Release them through an aggregator (tf_dpkit.pate.GNMax, ConfidentGNMax, ...).")
 class TeacherVotes:
   """Integer vote histograms ``votes[q, c]`` = number of teachers that predict class ``c`` on
   public query ``q``, for ``q < num_queries`` and ``c < num_classes``.
@@ -103,7 +106,6 @@ class TeacherVotes:
                     "iterated or converted to an array. Release them through an aggregator "
                     "(tf_dpkit.pate.GNMax, ConfidentGNMax, ...); tests may call _unsafe_votes().")
 
-  __reduce__ = __reduce_ex__ = __getstate__ = __copy__ = __deepcopy__ = _refuse
   __iter__ = __getitem__ = __array__ = _refuse
 
   def __format__(self, spec):

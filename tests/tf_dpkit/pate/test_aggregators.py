@@ -121,10 +121,11 @@ def test_threshold_cost_for_every_query_and_gnmax_cost_only_when_answered():
   manual = PateAccountant(num_teachers=200)
   for row, ok in zip(votes, answered):
     manual.compose_confident_gnmax(row, 150, 30, 10, bool(ok))
-  assert spy.get_epsilon(1e-5) == pytest.approx(manual.get_epsilon(1e-5), rel=1e-12)
+  assert spy.private_data_dependent_epsilon(1e-5) == pytest.approx(
+      manual.private_data_dependent_epsilon(1e-5), rel=1e-12)
   assert spy.data_independent_epsilon(1e-5) == pytest.approx(
       manual.data_independent_epsilon(1e-5), rel=1e-12)
-  assert spy.get_epsilon(1e-5) <= spy.data_independent_epsilon(1e-5)
+  assert spy.private_data_dependent_epsilon(1e-5) <= spy.data_independent_epsilon(1e-5)
 
 
 def test_interactive_gnmax_follows_algorithm_2():

@@ -124,7 +124,8 @@ def test_small_pate_pipeline_end_to_end():
   assert accountant.queries == 300 and accountant.answered == answers.answered.sum()
   assert 150 < answers.answered.sum() < 300
   assert np.mean(answers.labels[answers.answered] == y_test[:300][answers.answered]) > 0.9
-  eps_dep, eps_ind = accountant.get_epsilon(1e-5), accountant.data_independent_epsilon(1e-5)
+  eps_dep = accountant.private_data_dependent_epsilon(1e-5)
+  eps_ind = accountant.data_independent_epsilon(1e-5)
   assert 0 < eps_dep <= eps_ind
   student = pate.train_student(public[answers.answered], answers.labels[answers.answered],
                                method="supervised", steps=150, seed=0)
