@@ -42,6 +42,7 @@ zero, so every step is taken and the sensitivity stays ``C``.
 from __future__ import annotations
 
 import functools
+import math
 
 import keras
 import tensorflow as tf
@@ -61,6 +62,114 @@ def _privacy_callbacks_first(callbacks):
   callbacks = list(callbacks)
   first = [c for c in callbacks if getattr(c, "_dp_runs_first", False)]
   return first + [c for c in callbacks if not getattr(c, "_dp_runs_first", False)]
+
+
+# Log keys released by an accounted mechanism, or independent of the data: callbacks may
+# decide from them.  Everything else fit logs on the training batches is an exact statistic of
+# the private data (see _DPTrainStep.fit).
+_ACCOUNTED_LOGS = ("epsilon", "l2_norm_clip", "learning_rate", "lr")
+
+
+def _callback_list(callbacks):
+  if callbacks is None:
+    return []
+  if isinstance(callbacks, keras.callbacks.CallbackList):
+    return list(callbacks.callbacks)
+  return list(callbacks)
+
+
+def _with_carried_callbacks(x, callbacks):
+  """``callbacks`` with those carried by ``x`` (``DPTraining.fit_arguments``) first, each once."""
+  carried = getattr(x, "_tf_dpkit_fit_callbacks", None)
+  if not carried:
+    return callbacks
+  given = _callback_list(callbacks)
+  return list(carried) + [c for c in given if not any(c is d for d in carried)]
+
+
+def _check_no_decisions_on_training_logs(callbacks):
+  """Refuses callbacks that decide from a statistic of the private training batches."""
+  for callback in _callback_list(callbacks):
+    name = type(callback).__name__
+    if isinstance(callback, keras.callbacks.TerminateOnNaN):
+      monitor = "loss"
+    else:
+      monitor = getattr(callback, "monitor", None)
+      if not isinstance(monitor, str):
+        continue
+      if (isinstance(callback, keras.callbacks.ModelCheckpoint)
+          and not getattr(callback, "save_best_only", False)):
+        continue  # saves every time: the monitor decides nothing
+      if monitor.startswith("val_") or monitor in _ACCOUNTED_LOGS:
+        continue
+    raise ValueError(
+        f"callbacks: {name} decides from {monitor!r} (monitor={monitor!r}), a statistic fit "
+        "computes on the private training batches and logs exactly (neither clipped nor "
+        "noised): the privacy accounting (epsilon) does not cover it, and one example could "
+        "change what the callback does (when training stops, the learning rate, which weights "
+        f"are kept). Monitor a validation metric instead (monitor='val_{monitor}', with "
+        "validation_data outside the private training set; the epsilon does not cover it "
+        "either), or pass fit(..., allow_unaccounted_training_metrics=True) to accept a "
+        "release the epsilon does not account for.")
+
+
+def _check_array_batches_split_into_microbatches(model, x, args, kwargs):
+  """With in-memory arrays, refuses before training a batch that ``num_microbatches`` does not
+  divide (Keras's last batch of an epoch holds the remainder ``N mod batch_size``)."""
+  m = getattr(model.optimizer, "num_microbatches", None)
+  if m is None:
+    return
+  first = tf.nest.flatten(x)[0] if tf.nest.flatten(x) else None
+  if getattr(first, "shape", None) is None or len(first.shape) == 0 or first.shape[0] is None:
+    return
+  n = int(first.shape[0])
+  batch_size = args[0] if args else kwargs.get("batch_size")
+  batch_size = 32 if batch_size is None else int(batch_size)  # Keras's default
+  split = args[4] if len(args) > 4 else kwargs.get("validation_split", 0.0)
+  if split:
+    n = int(math.floor(n * (1.0 - split)))  # as Keras splits the arrays
+  if batch_size % m:
+    raise ValueError(
+        f"batch_size={batch_size} is not a multiple of the DP optimizer's num_microbatches={m}: "
+        "every batch is cut into that many equal microbatches. Pick a batch size that is a "
+        "multiple of num_microbatches.")
+  remainder = n % batch_size if n > batch_size else n
+  steps = args[10] if len(args) > 10 else kwargs.get("steps_per_epoch")
+  if steps is None and remainder % m:
+    raise ValueError(
+        f"x has N={n} training examples, so with batch_size={batch_size} the last batch of "
+        f"every epoch holds {remainder} examples, which num_microbatches={m} does not divide "
+        "(every batch is cut into that many equal microbatches). Trim N to a multiple of the "
+        f"batch size (e.g. the first {n - remainder} examples) or pick a batch size that "
+        "divides N (and is a multiple of num_microbatches).")
+
+
+def _check_inputs_match_model(model, x, augmented):
+  """Refuses, while the train step is traced (before any step runs), examples whose shape is
+  not the one the model's inputs take (a wrong feature size, or an augmentation that crops to
+  another size), which would otherwise end in an error deep inside a layer."""
+  try:
+    expected = list(model.inputs or [])
+  except (AttributeError, ValueError):
+    return
+  flat = tf.nest.flatten(x)
+  if not expected or isinstance(x, dict) or len(flat) != len(expected):
+    return
+  for i, (got, want) in enumerate(zip(flat, expected)):
+    got = tf.TensorShape(getattr(got, "shape", None))
+    if got.rank is None:
+      continue
+    want = tf.TensorShape(tuple(want.shape))
+    if got.rank != want.rank or got[1:].is_compatible_with(want[1:]):
+      continue  # (Keras adjusts inputs off by one rank itself)
+    source = ("augment_fn (compile(augmentation=...)) returns examples"
+              if augmented else "the training batches hold examples")
+    fix = (f"build the model with keras.Input(shape={tuple(got[1:].as_list())}), the shape "
+           "augment_fn returns" if augmented else
+           "give the model inputs of the data's shape or fix the data")
+    raise ValueError(
+        f"x: the model's input {i} takes examples of shape {tuple(want[1:].as_list())}, but "
+        f"{source} of shape {tuple(got[1:].as_list())}; {fix}.")
 
 
 def _single_loss(loss):
@@ -210,13 +319,45 @@ class _DPTrainStep:
             f"Layer {layer.name!r} has an activity_regularizer: that loss depends on the data "
             "and is not clipped per example, so DP models refuse it.")
 
-  def fit(self, x=None, y=None, *args, **kwargs):  # pylint: disable=missing-function-docstring
+  def fit(self, x=None, y=None, *args, allow_unaccounted_training_metrics=False, **kwargs):
+    """Keras's ``fit`` with DP-SGD steps (module docstring), checked before the first step.
+
+    What the privacy accounting (the ``epsilon`` a ``tf_dpkit.budget.PrivacyBudget`` logs)
+    covers: the released model weights (and the noised clip norm of adaptive clipping).  It
+    does NOT cover the training ``loss`` and metrics that ``fit`` computes on the private
+    batches, logs and returns in ``History`` (exact, neither clipped nor noised: one example
+    can move them arbitrarily), nor anything computed on ``validation_data``.  So callbacks
+    that decide from a training statistic are refused: any callback with a ``monitor`` that
+    is not a ``val_`` metric (or the accounted ``epsilon`` / ``l2_norm_clip`` /
+    ``learning_rate``), e.g. ``EarlyStopping(monitor="loss")``, ``ReduceLROnPlateau`` or
+    ``ModelCheckpoint(save_best_only=True)`` on ``loss``, and ``TerminateOnNaN`` (it reads
+    the training loss).  Monitoring ``val_`` metrics is allowed; their data is outside the
+    accounted training set, so whether they leak is the caller's business (not covered by
+    the epsilon either).  ``allow_unaccounted_training_metrics=True`` accepts such callbacks
+    (the run then releases more than the epsilon states).
+
+    With in-memory arrays and an optimizer with ``num_microbatches=M``, every batch (the last,
+    shorter one included) must hold a multiple of ``M`` examples; this is checked here.
+    Callbacks carried by ``x`` (``tf_dpkit.make_private(...).fit_arguments()``) run first.
+    """
+    args = list(args)
+    callbacks = _with_carried_callbacks(
+        x, args[3] if len(args) > 3 else kwargs.get("callbacks"))
+    if callbacks is not None:
+      if len(args) > 3:
+        args[3] = callbacks
+      else:
+        kwargs["callbacks"] = callbacks
+    if not allow_unaccounted_training_metrics:
+      _check_no_decisions_on_training_logs(callbacks)
     # Keras batches in-memory arrays itself (fixed-size, shuffled batches): recorded so that a
     # PrivacyBudget never accounts such batches as Poisson samples.
     self._dp_keras_batches_arrays = x is not None and not isinstance(
         x, (tf.data.Dataset, tf.distribute.DistributedDataset, keras.utils.PyDataset)) and not callable(getattr(x, "__next__", None))
     # What a tf_dpkit pipeline says it is (PrivacyBudget checks it against its own numbers).
     self._dp_fit_pipeline = pipeline_of(x)
+    if self._dp_keras_batches_arrays:
+      _check_array_batches_split_into_microbatches(self, x, args, kwargs)
     replicas = self.distribute_strategy.num_replicas_in_sync
     pipeline = self._dp_fit_pipeline
     accumulation.check_fit(self, pipeline)  # virtual batches (gradient_accumulation_steps)
@@ -231,7 +372,6 @@ class _DPTrainStep:
     # Privacy callbacks (tf_dpkit.budget.PrivacyBudget) run first: the saved ledger is then
     # current when checkpointing callbacks save, and `epsilon` is in the logs every later
     # callback (CSVLogger, TensorBoard) sees, whatever order the user listed them in.
-    args = list(args)
     if len(args) > 3:  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
       args[3] = _privacy_callbacks_first(args[3])
     elif "callbacks" in kwargs:
@@ -257,6 +397,7 @@ class _DPTrainStep:
     # With augmentation: B examples -> B*K rows, each example's copies one clipped unit.
     x, y, sample_weight, microbatch_size = augmentation_lib.rows_for_step(
         self.augmentation, x, y, sample_weight, optimizer.iterations)
+    _check_inputs_match_model(self, x, augmented=self.augmentation is not None)
     clipped, y_pred = clipped_sum_for_model(
         self, self._dp_per_example_loss, x, y, sample_weight, optimizer.l2_norm_clip_for_step(),
         optimizer.replica_num_microbatches(), self.per_example_method,

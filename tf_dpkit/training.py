@@ -36,6 +36,7 @@ level pieces (DP optimizers, ``poisson_batches``, ``PrivacyBudget``) stay usable
 """
 from __future__ import annotations
 
+import collections.abc
 import warnings
 
 import keras
@@ -178,13 +179,51 @@ class DPTraining:
         batch_size=self.batch_size if self.num_microbatches else None,
         accountant=self.accountant, verbose=verbose)
 
-  def fit_arguments(self, *, seed: int | None = None, callbacks=(), verbose: bool = True):
+  def fit_arguments(self, *, seed: int | None = None, callbacks=(),
+                    verbose: bool = True) -> "FitArguments":
     """``model.fit(**these)``: the batches, epochs, steps per epoch (micro-steps: ``k *
     steps_per_epoch`` with ``gradient_accumulation_steps=k``) and callbacks (the
-    :meth:`budget` first, then ``callbacks``)."""
-    return {"x": self.dataset(seed), "epochs": self.epochs, "shuffle": False,
-            "steps_per_epoch": self.steps_per_epoch * self.gradient_accumulation_steps,
-            "callbacks": [self.budget(verbose=verbose), *callbacks]}
+    :meth:`budget` first, then ``callbacks``).
+
+    The callbacks travel with the batches (see :class:`FitArguments`), so your own may be
+    given either here or to ``fit``: ``model.fit(**private.fit_arguments(),
+    callbacks=[keras.callbacks.EarlyStopping(monitor="val_loss")], validation_data=...)``.
+    A DP model's ``fit`` refuses callbacks that decide from statistics of the private
+    training batches (``monitor="loss"``; ``tf_dpkit.models``)."""
+    x = self.dataset(seed)
+    carried = [self.budget(verbose=verbose), *callbacks]
+    # A DP model's fit adds these to the callbacks it is given (tf_dpkit.models).
+    x._tf_dpkit_fit_callbacks = carried  # pylint: disable=protected-access
+    return FitArguments(
+        {"x": x, "epochs": self.epochs, "shuffle": False,
+         "steps_per_epoch": self.steps_per_epoch * self.gradient_accumulation_steps},
+        carried)
+
+
+class FitArguments(collections.abc.Mapping):
+  """The keyword arguments of ``model.fit(**arguments)`` for one :class:`DPTraining` run.
+
+  ``x``, ``epochs``, ``shuffle`` and ``steps_per_epoch`` are unpacked by ``**``;
+  ``arguments["callbacks"]`` (the :class:`tf_dpkit.budget.PrivacyBudget` first, then the
+  callbacks given to :meth:`DPTraining.fit_arguments`) can be read but is NOT unpacked: those
+  callbacks travel with ``x``, and a DP model's ``fit`` runs them before any it is given with
+  ``callbacks=`` (so ``model.fit(**arguments, callbacks=[...])`` is not a duplicate keyword).
+  """
+
+  def __init__(self, unpacked: dict, callbacks: list):
+    self._unpacked, self._callbacks = dict(unpacked), list(callbacks)
+
+  def __getitem__(self, key):
+    return self._callbacks if key == "callbacks" else self._unpacked[key]
+
+  def __iter__(self):
+    return iter(self._unpacked)
+
+  def __len__(self):
+    return len(self._unpacked)
+
+  def __repr__(self):
+    return f"FitArguments({self._unpacked!r}, callbacks={self._callbacks!r})"
 
 
 def _steps_per_epoch(sampling, n, b):

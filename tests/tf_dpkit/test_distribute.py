@@ -174,7 +174,8 @@ def test_num_microbatches_counts_the_global_batch_and_must_split_over_replicas()
 def test_unsupported_strategies_are_refused_by_name():
   error = _run(strategy="central_storage", replicas=2, steps=2)
   assert isinstance(error, str) and error.startswith("NotImplementedError")
-  assert ("DPSGD runs under CentralStorageStrategy, which DP-SGD does not support" in error
+  assert ("DPGradientDescentGaussianOptimizer runs under CentralStorageStrategy, which DP-SGD "
+          "does not support" in error
           and "Supported: no strategy, OneDeviceStrategy, MirroredStrategy and "
               "MultiWorkerMirroredStrategy." in error)
 

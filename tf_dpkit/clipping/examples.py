@@ -54,7 +54,11 @@ def loss_is_isolated_per_example(loss) -> bool:
 
 
 def check_loss_is_per_example(loss) -> None:
-  """Raises ``ValueError`` for a loss known to mix the examples of a batch."""
+  """Raises ``ValueError`` for a loss known to mix the examples of a batch, also given as a bound
+  method of such a loss object (``keras.losses.Circle().call``)."""
+  owner = getattr(loss, "__self__", None)  # a bound method: judge the loss it belongs to
+  if owner is not None and owner is not loss:
+    check_loss_is_per_example(owner)
   if isinstance(loss, _BATCH_MIXING_LOSSES) or any(loss is fn for fn in _BATCH_MIXING_FUNCTIONS):
     raise ValueError(
         f"{getattr(loss, 'name', None) or getattr(loss, '__name__', loss)!r} compares examples "

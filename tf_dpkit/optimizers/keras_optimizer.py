@@ -29,12 +29,35 @@ def _check_schedules(settings, accumulation):
     if accumulation is not None:
       raise ValueError(f"A {name} schedule is not supported with gradient_accumulation_steps "
                        "> 1; use one of them.")
-    # Each run of equal noise multipliers is a ledger phase; clip changes cost nothing.
-    if name == "noise_multiplier" and schedule.num_pieces > PRIVACY_LEDGER_SHAPE[0]:
+    # Each run of equal noise multipliers is a ledger phase.  Clip changes cost nothing, but one
+    # documented limit holds for both schedules (README: more than 64 pieces are refused).
+    if schedule.num_pieces > PRIVACY_LEDGER_SHAPE[0]:
+      why = ("the privacy ledger (optimizer.privacy_ledger) holds at most "
+             f"{PRIVACY_LEDGER_SHAPE[0]} phases (runs of steps with one noise multiplier)"
+             if name == "noise_multiplier" else
+             f"a schedule may have at most {PRIVACY_LEDGER_SHAPE[0]} pieces")
       raise ValueError(
-          f"The {name} schedule has {schedule.num_pieces} pieces, but the privacy ledger "
-          f"(optimizer.privacy_ledger) holds at most {PRIVACY_LEDGER_SHAPE[0]} phases (runs of "
-          "steps with one noise multiplier); use at most that many pieces.")
+          f"{name}: the schedule has {schedule.num_pieces} pieces (runs of equal values), but "
+          f"{why}; use between 1 and {PRIVACY_LEDGER_SHAPE[0]} pieces.")
+
+
+def _check_grads_match_variables(owner, grads, variables):
+  """Raises ``ValueError`` unless ``grads`` pairs one gradient of the variable's shape with each
+  of ``variables`` (``apply(grads, trainable_variables)``)."""
+  if len(grads) != len(variables):
+    raise ValueError(
+        f"{owner}.apply got {len(grads)} gradients for {len(variables)} trainable_variables: "
+        "pass the variables the private gradients were computed for, in the same order (or "
+        "use optimizer.minimize / apply_gradients(zip(grads, var_list))).")
+  for i, (grad, variable) in enumerate(zip(grads, variables)):
+    if grad is None or not hasattr(grad, "shape") or not hasattr(variable, "shape"):
+      continue
+    if not tf.TensorShape(grad.shape).is_compatible_with(tf.TensorShape(variable.shape)):
+      raise ValueError(
+          f"{owner}.apply: gradient {i} has shape {tuple(grad.shape)}, but trainable_variables"
+          f"[{i}] ({getattr(variable, 'path', None) or getattr(variable, 'name', '?')}) has "
+          f"shape {tuple(variable.shape)}: these gradients were computed for other variables. "
+          "Pass the variables the private gradients were computed for, in the same order.")
 
 
 def make_keras_dp_class(base):
@@ -151,6 +174,11 @@ def make_keras_dp_class(base):
 
     def apply(self, grads, trainable_variables=None):
       grads = list(grads)
+      if trainable_variables is not None:
+        trainable_variables = list(trainable_variables)
+        # Before the certificate is spent and before Keras builds its slots for these
+        # variables: a refused call leaves the optimizer as it was.
+        _check_grads_match_variables(type(self).__name__, grads, trainable_variables)
       self._check_certified(grads)
       if self._dp_accumulation is None:
         return super().apply(grads, trainable_variables)
