@@ -242,7 +242,8 @@ def make_private(data, *, batch_size: int, l2_norm_clip: float, delta: float,
                  target_epsilon: float | None = None, sampling: str = "poisson",
                  num_microbatches: int | None = None, accountant: str = "rdp",
                  gradient_accumulation_steps: int | None = None,
-                 adaptive_clipping=None, augmentation=None) -> DPTraining:
+                 adaptive_clipping=None, augmentation=None,
+                 num_classes: int | None = None) -> DPTraining:
   """Builds the :class:`DPTraining` of a run (see the module docstring).
 
   Args:
@@ -276,6 +277,11 @@ def make_private(data, *, batch_size: int, l2_norm_clip: float, delta: float,
       :attr:`DPTraining.augmentation` for ``model.compile(..., augmentation=...)``.  The
       privacy unit stays the example: q = batch_size / N, sensitivity C, noise and epsilon
       unchanged.  With K > 1 not with ``num_microbatches``.
+    num_classes: None, or the number of classes ``K >= 1`` of a classifier (its output
+      size) when ``data`` is ``(x, y)`` with integer class ids ``y``: every label must lie in
+      ``[0, K)``, checked here (a ``ValueError`` naming the range and the first bad example)
+      rather than as an error deep inside the first training step.  Float arrays in ``data``
+      must be finite whatever ``num_classes`` is (``tf_dpkit.data.check_finite_features``).
 
   Raises:
     ValueError / TypeError: an argument out of range (named in the message), a missing one,
@@ -284,6 +290,11 @@ def make_private(data, *, batch_size: int, l2_norm_clip: float, delta: float,
   _checks.check_choice("sampling", sampling, _SAMPLINGS)
   _checks.check_choice("accountant", accountant, _accountants.ACCOUNTANTS)
   structure, n = pipelines._as_structure(data)  # pylint: disable=protected-access
+  if num_classes is not None:
+    if not isinstance(structure, tuple) or len(structure) < 2:
+      raise ValueError("num_classes checks the labels y of data=(x, y); data is not a tuple "
+                       "(x, y, ...), so leave num_classes=None.")
+    pipelines.check_class_labels(structure[1], num_classes, name="data[1] (the labels y)")
   b = _checks.check_integer("batch_size", batch_size, minimum=1, maximum=n)
   clip = _checks.check_finite_positive("l2_norm_clip", l2_norm_clip)
   delta = _checks.check_delta("delta", delta)

@@ -592,7 +592,7 @@ def test_shuffled_argument_errors(args, match):
 
 def test_public_names():
   assert set(poisson.__all__) == {"Pipeline", "PoissonSampling", "accumulation_steps_for_memory",
-                                  "pipeline_of", "poisson_batches", "poisson_batches_for_memory",
+                                  "check_class_labels", "check_finite_features", "pipeline_of", "poisson_batches", "poisson_batches_for_memory",
                                   "secret_seed", "shuffled_batches"}
   seeds = {poisson.secret_seed() for _ in range(64)}
   assert len(seeds) == 64 and all(0 <= s < 2**63 for s in seeds)

@@ -10,8 +10,10 @@ calibrated to.  Norms are taken over all variables together (global clipping).
 
 Before clipping, per-microbatch gradients are promoted to float32 when they are float16 or
 bfloat16, divided by the static loss scale when one was used (mixed_float16), and a microbatch
-with any non-finite entry is replaced by zero (:func:`unscaled_finite_float32`): its share then
-has norm ``0 <= C``, so the bound above holds whatever one example does to float16's range.
+with any non-finite entry, or whose loss is non-finite, is replaced by zero
+(:func:`unscaled_finite_float32`): its share then has norm ``0 <= C``, so the bound above holds
+whatever one example does to float16's range, and an example with an inf/NaN feature or label
+contributes 0 instead of turning the whole sum into NaN (which would reveal its presence).
 """
 from __future__ import annotations
 
@@ -108,6 +110,31 @@ def finite_rows(tensors, num_rows) -> tf.Tensor:
   return tf.reduce_all(tf.stack(ok), axis=0) if ok else tf.ones([num_rows], tf.bool)
 
 
+def finite_entries(tensor):
+  """``(tensor with every inf/NaN entry replaced by 0, [B] bool: row b had no such entry)``.
+
+  The one rule by which the fast path reads a layer's input (``tensor`` [B, ...], float): the
+  rule then works on finite values, and the row flags mark the examples to leave out (their
+  output gradients are zeroed and their clip factor is 0), so their contribution to every
+  norm and clipped sum is exactly 0.  ``tf.where``, not a product: ``0 * inf`` would be NaN.
+  """
+  finite = tf.math.is_finite(tensor)
+  rows = tf.reduce_all(tf.reshape(finite, tf.stack([tf.shape(tensor)[0], -1])), axis=1)
+  return tf.where(finite, tensor, tf.zeros_like(tensor)), rows
+
+
+def finite_microbatches(per_microbatch_grads, losses=None):
+  """[M] bool: microbatch ``j``'s gradient has no inf/NaN entry (in any tensor of the list,
+  each ``[M, ...]``, ``None`` skipped) and, when ``losses`` [M] is given, its loss is finite."""
+  present = [g for g in per_microbatch_grads if g is not None]
+  if not present:
+    raise ValueError("No variable has a gradient: nothing to clip.")
+  keep = finite_rows(present, tf.shape(present[0])[0])
+  if losses is not None:
+    keep = tf.logical_and(keep, tf.math.is_finite(losses))
+  return keep
+
+
 def zero_rows(tensor, keep):
   """``tensor`` [M*k, ...] with the rows of the groups where ``keep`` [M] is False set to 0
   (``tf.where``, so a NaN or inf there does not reach the result)."""
@@ -121,7 +148,7 @@ def zero_rows(tensor, keep):
   return tf.where(keep, tensor, tf.zeros_like(tensor))
 
 
-def unscaled_finite_float32(per_microbatch_grads, loss_scale=None):
+def unscaled_finite_float32(per_microbatch_grads, loss_scale=None, losses=None, keep=None):
   """Per-microbatch gradients ready to clip: float32, loss scale removed, non-finite zeroed.
 
   Each ``[M, ...]`` half-precision tensor is cast to float32 (float16/bfloat16 gradients of mixed-precision
@@ -132,18 +159,21 @@ def unscaled_finite_float32(per_microbatch_grads, loss_scale=None):
   sum, so the sensitivity bound holds and no step is skipped: which microbatches are zeroed is
   a function of each microbatch alone, never a batch-level decision (unlike Keras's dynamic
   loss scaling, whose skipped steps and scale changes depend on the whole private batch).
+  A microbatch whose loss in ``losses`` [M] (optional) is inf or NaN is zeroed as well, even
+  where its gradient is finite; ``keep`` [M] (optional) is the result of
+  :func:`finite_microbatches` when the caller already formed it.
   """
   grads = [None if g is None else at_least_float32(g) for g in per_microbatch_grads]
   if loss_scale is not None:
     grads = [None if g is None else g / tf.constant(loss_scale, g.dtype) for g in grads]
-  present = [g for g in grads if g is not None]
-  if not present:
+  if not any(g is not None for g in grads):
     return grads
-  keep = finite_rows(present, tf.shape(present[0])[0])
+  if keep is None:
+    keep = finite_microbatches(grads, losses)
   return [zero_rows(g, keep) for g in grads]
 
 
-def clip_and_sum(per_microbatch_grads, l2_norm_clip, loss_scale=None):
+def clip_and_sum(per_microbatch_grads, l2_norm_clip, loss_scale=None, losses=None, keep=None):
   """Clips each microbatch gradient to L2 norm ``l2_norm_clip`` and sums over microbatches.
 
   Args:
@@ -153,12 +183,14 @@ def clip_and_sum(per_microbatch_grads, l2_norm_clip, loss_scale=None):
     loss_scale: optional static loss scale ``S > 0`` the gradients were computed at (see
       :func:`unscaled_finite_float32`, applied first: float32, divided by ``S``, microbatches
       with a non-finite entry zeroed).
+    losses: optional [M] microbatch losses: a microbatch whose loss is non-finite is zeroed too.
+    keep: optional [M] bool from :func:`finite_microbatches` (formed by the caller already).
 
   Returns:
     ``(summed_grads, norms)``: the list of ``sum_j g_j min(1, C/||g_j||)`` (half precision
     promoted to float32) and the [M] norms.
   """
-  per_microbatch_grads = unscaled_finite_float32(per_microbatch_grads, loss_scale)
+  per_microbatch_grads = unscaled_finite_float32(per_microbatch_grads, loss_scale, losses, keep)
   if hasattr(l2_norm_clip, "clip_and_sum"):  # per-layer clip norms (tf_dpkit.clipping.groups)
     return l2_norm_clip.clip_and_sum(per_microbatch_grads)
   norms = global_norms(per_microbatch_grads)

@@ -22,14 +22,22 @@ Contract (what makes the bound ``||S(D) - S(D - x)|| <= C`` hold):
 * a variable belongs to one layer call (shared layers and tied weights are refused: their
   per-example gradient is a sum over uses whose norm per-use rules cannot give).
 
+Non-finite examples (one rule, for float32 and mixed precision alike): a microbatch with an inf
+or NaN entry in any rule's input (an inf/NaN feature, or a float16 overflow of an activation),
+in its weighted loss (a NaN label, an infinite loss) or in any output gradient ``g`` contributes
+exactly 0 (norm ``0 <= C``; no step is skipped, the noise is unchanged).  Rules read their float
+inputs through ``clipped_sum.finite_entries`` (inf/NaN entries as 0, so every rule's inputs are
+finite), the flagged microbatches' rows of ``g`` are set to 0 with ``tf.where`` before any norm,
+and their clip factor is 0; so ``0 * inf`` never reaches a norm or a clipped sum, and the
+release does not reveal the example.  A layer without a rule (replayed per example) zeroes a
+non-finite per-example gradient itself.  The checks are elementwise passes over the rules'
+inputs and ``g``, cheap next to the rules' products.
+
 Under a mixed-precision policy rules run in the variables' dtype (float32) and cast their
-outputs to the compute dtype, so norms and clipped sums are formed at full precision; a
-non-finite entry of a rule's (half-precision) input is read as 0 by the rule, so that one
-example's float16 overflow cannot turn the batch's norms or sums into NaN.  With a static loss
-scale ``S`` (mixed_float16) the backward pass is of ``S * loss``; the output gradients ``g`` are
-checked per microbatch (a microbatch with any non-finite ``g`` entry is zeroed: it contributes
-0, whose norm is within ``C``, and no step is skipped), the squared norms are divided by ``S^2``
-and the sums by ``S``, so clip factors are those of the unscaled gradients.
+outputs to the compute dtype, so norms and clipped sums are formed at full precision.  With a
+static loss scale ``S`` (mixed_float16) the backward pass is of ``S * loss``; a microbatch whose
+``g`` overflowed is left out as above, the squared norms are divided by ``S^2`` and the sums by
+``S``, so clip factors are those of the unscaled gradients.
 Subclassed models are not handled here: :func:`fast_path_available` says so and ``DPModel``
 uses the whole-model vectorized path.
 """
@@ -39,8 +47,8 @@ import keras
 import tensorflow as tf
 
 from tf_dpkit.clipping import _keras_internals as internals
-from tf_dpkit.clipping.clipped_sum import (at_least_float32, clip_factors, finite_rows,
-                                           issue_clipped_sum, zero_rows)
+from tf_dpkit.clipping.clipped_sum import (at_least_float32, clip_factors, finite_entries,
+                                           finite_rows, issue_clipped_sum, zero_rows)
 from tf_dpkit.clipping.examples import (isolated_per_example_losses, map_examples,
                                         per_example_weights, pfor_is_safe)
 from tf_dpkit.clipping.per_example import (assert_nonempty, check_grouping,
@@ -109,18 +117,23 @@ def check_examples_independent(model):
         "LayerNormalization.")
 
 
-def _run_rule(rule, layer, inputs):
-  """``rule(layer, inputs)`` in the variables' dtype; outputs in the layer's compute dtype."""
+def _run_rule(rule, layer, inputs, finite_examples):
+  """``rule(layer, inputs)`` in the variables' dtype; outputs in the layer's compute dtype.
+
+  Float inputs reach the rule through ``clipped_sum.finite_entries``: inf/NaN entries are read
+  as 0 (a float16 overflow or an inf/NaN feature of one example would otherwise make the
+  norms and clipped sums of the whole batch NaN, ``0 * inf``), and the [B] flags of the
+  examples whose row was finite are appended to ``finite_examples``: the other examples are
+  left out of the clipped sum (module docstring).
+  """
   mixed = layer.compute_dtype != layer.variable_dtype
-  if inputs.dtype.is_floating and (mixed or inputs.dtype != layer.compute_dtype):
-    # Cast as Keras's Layer.__call__ would (e.g. a float32 output layer after float16 layers).
+  if inputs.dtype.is_floating:
     mask = internals.keras_mask(inputs)
-    half = inputs.dtype in (tf.float16, tf.bfloat16)
-    inputs = tf.cast(inputs, layer.variable_dtype)
-    if half:
-      # A half-precision overflow (inf) or NaN in one example's activations would make the
-      # norms and clipped sums of the whole batch NaN (0 * inf): the rule reads it as 0.
-      inputs = tf.where(tf.math.is_finite(inputs), inputs, tf.zeros_like(inputs))
+    if mixed or inputs.dtype != layer.compute_dtype:
+      # Cast as Keras's Layer.__call__ would (e.g. a float32 output layer after float16 layers).
+      inputs = tf.cast(inputs, layer.variable_dtype)
+    inputs, finite = finite_entries(inputs)
+    finite_examples.append(finite)
     if mask is not None:
       internals.set_keras_mask(inputs, mask)
   if not mixed:
@@ -219,7 +232,7 @@ def _rule_covered_sublayers(layer):
   return None
 
 
-def _call_with_rules(layer, subs, default_call, args, kwargs, records, batch):
+def _call_with_rules(layer, subs, default_call, args, kwargs, records, batch, finite_examples):
   """Calls ``layer`` with each of ``subs`` executed (and recorded) by its rule, or returns
   None (nothing recorded) when a rule declines."""
   start = len(records)
@@ -233,7 +246,7 @@ def _call_with_rules(layer, subs, default_call, args, kwargs, records, batch):
           tf.shape(inputs)[0], batch, message=f"Sublayer {sub.name!r} of {layer.name!r} was "
           "called on inputs whose leading axis is not the batch")
       with tf.control_dependencies([check]):
-        trace = _run_rule(rule, sub, inputs)
+        trace = _run_rule(rule, sub, inputs, finite_examples)
       if trace is None:
         declined.append(sub.name)
         raise NotImplementedError(f"The rule for {sub.name!r} declined its configuration.")
@@ -326,6 +339,7 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
   group_size = batch // tf.maximum(groups, 1)  # examples per microbatch
   per_group = tf.cast(group_size, tf.float32)
   records = []
+  finite_examples = []  # [B] flags: the example's row of a rule's input had no inf/NaN
   variables_before = {id(v) for v in model.trainable_variables}
 
   def operation_fn(layer):
@@ -336,13 +350,14 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
         return default(*args, **kwargs)
       rule = lookup_rule(layer)
       if rule is not None and len(args) == 1 and not kwargs:
-        trace = _run_rule(rule, layer, args[0])
+        trace = _run_rule(rule, layer, args[0], finite_examples)
         if trace is not None:
           records.append((layer, trace))
           return trace.outputs
       subs = _rule_covered_sublayers(layer)
       if subs is not None:
-        outputs = _call_with_rules(layer, subs, default, args, kwargs, records, batch)
+        outputs = _call_with_rules(layer, subs, default, args, kwargs, records, batch,
+                                   finite_examples)
         if outputs is not None:
           return outputs
       with internals.recording_call(layer) as (calls, original_call):
@@ -372,18 +387,19 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
         "exists.")
   output_grads = tape.gradient(scaled_total, [trace.watched for _, trace in records],
                                unconnected_gradients=tf.UnconnectedGradients.ZERO)
-  # How per-microbatch norms are formed, in one place: a microbatch with a non-finite output
-  # gradient (float16 overflow of the scaled backward pass) is zeroed before any norm, squares
-  # are summed in float32 and divided by S^2 (norms of the unscaled gradients).
-  # The elementwise check is paid only where overflow is expected (half-precision output
-  # gradients, or a loss scale); in float32 a non-finite row still gets factor 0 below, but
-  # its NaN/inf reaches the sum (as it would reach any float32 training step).
+  # How per-microbatch norms are formed, in one place: a microbatch with an inf/NaN entry in
+  # a rule's input (read as 0 there), in its weighted loss or in an output gradient (e.g. a
+  # float16 overflow of the scaled backward pass) is zeroed before any norm (tf.where: its
+  # rows of g become exact zeros, the rules' inputs are finite, so its share of every norm and
+  # clipped sum is exactly 0); squares are summed in float32 and divided by S^2 (norms of the
+  # unscaled gradients).
   flat_grads = [g for g in tf.nest.flatten(output_grads) if g is not None]
-  if loss_scale is not None or any(g.dtype in (tf.float16, tf.bfloat16) for g in flat_grads):
-    finite = finite_rows(flat_grads, groups)
-    output_grads = tf.nest.map_structure(lambda g: zero_rows(g, finite), output_grads)
-  else:
-    finite = tf.fill([groups], True)
+  examples_ok = finite_examples + [tf.math.is_finite(per_example)]
+  finite = tf.logical_and(
+      finite_rows(flat_grads, groups),
+      tf.reduce_all(tf.reshape(tf.stack(examples_ok), tf.stack([len(examples_ok), groups, -1])),
+                    axis=[0, 2]))
+  output_grads = tf.nest.map_structure(lambda g: zero_rows(g, finite), output_grads)
   squared_by_record = [tf.cast(trace.squared_norms(g, groups), tf.float32) / (scale * scale)
                        for (_, trace), g in zip(records, output_grads)]
   finite = tf.logical_and(finite, tf.math.is_finite(tf.add_n(squared_by_record)))

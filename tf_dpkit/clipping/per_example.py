@@ -22,7 +22,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from analysis import _checks
-from tf_dpkit.clipping.clipped_sum import clip_and_sum, issue_clipped_sum
+from tf_dpkit.clipping.clipped_sum import clip_and_sum, finite_microbatches, issue_clipped_sum
 from tf_dpkit.clipping.examples import map_examples
 
 
@@ -147,6 +147,15 @@ def clipped_sum_from_vector_loss(vector_loss, var_list, l2_norm_clip, num_microb
       ``loss * S`` (float16 numerics) and divided by it *before* clipping, so the scale never
       changes clipping; a microbatch whose gradient is non-finite contributes zero
       (``clipped_sum.unscaled_finite_float32``).
+
+  Non-finite examples: a microbatch whose loss or Jacobian row has an inf/NaN entry contributes
+  0.  That is exact only while the other rows are finite: the Jacobian comes from the batch's
+  one recorded forward pass, where an inf/NaN in one example's features or loss derivative
+  enters every row's weight gradient (``x_i * 0`` is NaN for ``x_i`` inf), so every row is then
+  non-finite, and zeroing them all would release 0 in place of the other examples' sum.  When
+  every one of ``M >= 2`` microbatches is non-finite the step therefore stops with an
+  ``InvalidArgumentError`` (clean the data, see ``tf_dpkit.data.check_finite_features``, or use
+  a ``DPModel``, whose paths compute each example apart).
   """
   if tape is not None:
     with tape:  # the microbatch reduction must be recorded too
@@ -165,8 +174,18 @@ def clipped_sum_from_vector_loss(vector_loss, var_list, l2_norm_clip, num_microb
     target = losses * loss_scale if loss_scale is not None else losses
     jacobian = pfor_gradients.jacobian(target, list(var_list), use_pfor=True)
     jacobian = _zeros_for_unconnected(jacobian, var_list, tf.shape(losses)[0])
+  keep = finite_microbatches(jacobian, losses)
+  separable = tf.debugging.Assert(
+      tf.logical_or(tf.reduce_any(keep), tf.size(keep) <= 1),
+      ["Every per-microbatch gradient of this batch is inf or NaN. With a vector loss the "
+       "Jacobian comes from the batch's one forward pass, so one example's inf/NaN feature or "
+       "label makes every row NaN; zeroing them all would reveal that example. Remove "
+       "non-finite examples (tf_dpkit.data.check_finite_features) or train a DPModel, whose "
+       "clipping computes each example apart. Microbatches:", tf.size(keep)])
+  with tf.control_dependencies([separable]):
+    keep = tf.identity(keep)
   # float32, divided by the loss scale, non-finite microbatches zeroed, then clipped.
-  summed, norms = clip_and_sum(jacobian, l2_norm_clip, loss_scale=loss_scale)
+  summed, norms = clip_and_sum(jacobian, l2_norm_clip, loss_scale=loss_scale, keep=keep)
   return issue_clipped_sum(summed, norms, losses, l2_norm_clip)
 
 
@@ -235,7 +254,8 @@ def clipped_sum_vectorized(loss_fn, inputs, var_list, l2_norm_clip, num_microbat
     return grads, loss, aux
 
   grads, losses, aux = map_examples(per_microbatch, microbatched, vectorize)
-  summed, norms = clip_and_sum(grads, l2_norm_clip, loss_scale=loss_scale)
+  # A microbatch whose loss is inf or NaN contributes 0, even where its gradient is finite.
+  summed, norms = clip_and_sum(grads, l2_norm_clip, loss_scale=loss_scale, losses=losses)
   aux = tf.nest.map_structure(
       lambda t: tf.reshape(t, tf.concat([[-1], tf.shape(t)[2:]], 0)), aux)
   return issue_clipped_sum(summed, norms, losses, l2_norm_clip), aux

@@ -10,12 +10,16 @@
   ``gradient_accumulation_steps=k`` (or :func:`poisson_batches_for_memory`) every batch comes
   as k disjoint chunks for virtual batches.  Their seed defaults to a secret one (:func:`secret_seed`): a
   known sampling seed reveals batch membership and voids amplification by subsampling.
+  Float arrays holding inf or NaN are refused when the data is first read
+  (:func:`check_finite_features`; :func:`check_class_labels` checks integer class ids).
 """
 from __future__ import annotations
 
 from tf_dpkit.data import mnist
-from tf_dpkit.data.poisson import (PoissonSampling, distributed_poisson_batches, poisson_batches,
+from tf_dpkit.data.poisson import (PoissonSampling, check_class_labels, check_finite_features,
+                                   distributed_poisson_batches, poisson_batches,
                                    poisson_batches_for_memory, secret_seed, shuffled_batches)
 
-__all__ = ["mnist", "PoissonSampling", "distributed_poisson_batches", "poisson_batches",
+__all__ = ["mnist", "PoissonSampling", "check_class_labels", "check_finite_features",
+           "distributed_poisson_batches", "poisson_batches",
            "poisson_batches_for_memory", "secret_seed", "shuffled_batches"]

@@ -132,6 +132,7 @@ import math
 import re
 import secrets
 
+import numpy as np
 import tensorflow as tf
 
 from analysis import _checks, _secrecy
@@ -255,7 +256,8 @@ def _as_structure(data):
   """``data`` as its structure of tensors (``tf.data.Dataset`` read into memory) and ``N``.
 
   Returns ``(structure, n)``: ``structure`` has ``data``'s nesting (for a dataset, its
-  element's) with every leaf a tensor of shape ``[N, ...]``.
+  element's) with every leaf a tensor of shape ``[N, ...]``.  Float arrays holding inf or NaN
+  are refused (:func:`check_finite_features`).
   """
   if isinstance(data, tf.data.Dataset):
     structure = _materialise(data)
@@ -279,7 +281,76 @@ def _as_structure(data):
                      f"{', '.join(path for path, _ in leaves)}.")
   if sizes[0] < 1:
     raise ValueError("data must hold at least 1 example (first dimension >= 1), got 0.")
+  check_finite_features(structure)
   return structure, sizes[0]
+
+
+def _known_values(leaf):
+  """``leaf``'s values as a NumPy array when they are known without running a graph (arrays,
+  eager tensors, graph constants), else None."""
+  if isinstance(leaf, np.ndarray):
+    return leaf
+  try:
+    return tf.get_static_value(tf.convert_to_tensor(leaf))
+  except (TypeError, ValueError):
+    return None
+
+
+def _is_float(dtype) -> bool:
+  """Whether ``dtype`` (NumPy's, bfloat16 included) is a real floating type."""
+  try:
+    return tf.as_dtype(dtype).is_floating
+  except TypeError:
+    return False
+
+
+def _first_bad_example(bad: np.ndarray) -> tuple[int, int]:
+  """``(count, first example index)`` of the True entries of ``bad`` [N, ...] (one pass)."""
+  count = int(np.count_nonzero(bad))
+  first = int(np.argmax(bad.reshape(len(bad), -1).any(axis=1))) if count else -1
+  return count, first
+
+
+def check_finite_features(data, name: str = "data") -> None:
+  """Raises ``ValueError`` when a float array of ``data`` holds an inf or NaN entry.
+
+  ``data``: an array or tensor, or a tuple/dict nest of them, each of shape ``[N, ...]``.  The
+  message names the array (``name`` and its place in the nest), the number of non-finite
+  entries and the first example holding one.  The clipping paths never let such an example move
+  a clipped sum (it contributes 0), but it trains nothing either: clean or drop it first, e.g.
+  ``keep = np.isfinite(x).reshape(len(x), -1).all(axis=1)``.  One vectorised pass per array;
+  symbolic tensors of a graph being built (values unknown) are not checked.
+  """
+  for path, leaf in _leaves(data, name, []):
+    values = _known_values(leaf)
+    if values is None or values.ndim < 1 or not _is_float(values.dtype):
+      continue
+    count, first = _first_bad_example(~np.isfinite(values))
+    if count:
+      raise ValueError(
+          f"{path} holds {count} non-finite (inf or NaN) entr{'y' if count == 1 else 'ies'}, the "
+          f"first in example {first}. Such an example contributes nothing to DP-SGD's clipped "
+          "sums (so it is bounded), but it trains nothing either: drop or repair it first, e.g. "
+          "keep = np.isfinite(x).reshape(len(x), -1).all(axis=1); x, y = x[keep], y[keep].")
+
+
+def check_class_labels(labels, num_classes: int, name: str = "labels") -> None:
+  """Raises ``ValueError`` unless every entry of the integer array ``labels`` is a class id in
+  ``[0, num_classes)`` (``num_classes`` an int >= 1); float labels are not class ids and are
+  left alone, as are symbolic tensors (values unknown).  The message names ``name``, the range,
+  the number of entries outside it and the first example holding one."""
+  num_classes = _checks.check_integer("num_classes", num_classes, minimum=1)
+  values = _known_values(labels)
+  if values is None or values.ndim < 1 or not np.issubdtype(values.dtype, np.integer):
+    return
+  bad = (values < 0) | (values >= num_classes)
+  count, first = _first_bad_example(bad)
+  if count:
+    value = int(values[first][bad[first]].ravel()[0]) if values.ndim > 1 else int(values[first])
+    raise ValueError(
+        f"{name} must be class ids in [0, {num_classes}) (num_classes={num_classes}); {count} "
+        f"entr{'y is' if count == 1 else 'ies are'} outside, the first {value} in example "
+        f"{first}.")
 
 
 def _seed_pair(seed: noise_lib.SecretInt, stream: int) -> tf.Tensor:
@@ -835,5 +906,6 @@ def pipeline_of(dataset) -> Pipeline | None:
   return getattr(dataset, "_tf_dpkit_pipeline", None)
 
 
-__all__ = ["Pipeline", "PoissonSampling", "accumulation_steps_for_memory", "pipeline_of",
-           "poisson_batches", "poisson_batches_for_memory", "secret_seed", "shuffled_batches"]
+__all__ = ["Pipeline", "PoissonSampling", "accumulation_steps_for_memory", "check_class_labels",
+           "check_finite_features", "pipeline_of", "poisson_batches", "poisson_batches_for_memory",
+           "secret_seed", "shuffled_batches"]

@@ -1,0 +1,261 @@
+"""An example with an inf/NaN feature, a NaN label or an infinite loss contributes exactly 0 to
+the clipped sum on every path (so its presence does not show in the release), and the data
+pipelines refuse non-finite features and out-of-range class ids up front.
+
+Reference: the clipped sum of the same batch without that example (brute force), and the
+removal sensitivity of ``tf_dpkit.clipping.testing.removal_sensitivity``.
+"""
+import numpy as np
+import pytest
+import keras
+import tensorflow as tf
+
+import tf_dpkit
+from tf_dpkit.clipping import per_example
+from tf_dpkit.clipping.testing import removal_sensitivity
+from tf_dpkit.data import poisson
+from tf_dpkit.model_gradients import clipped_sum_for_model
+
+C = 1.0
+TOL = 1e-5
+BAD = 2  # index of the non-finite example in every batch
+MSE = keras.losses.MeanSquaredError(reduction=None)
+
+
+def _inf_loss(y_true, y_pred):
+  """Squared error, plus inf for labels above 1000: an infinite loss with a finite gradient."""
+  extra = tf.where(y_true[:, 0] > 1e3, tf.constant(np.inf, y_pred.dtype),
+                   tf.zeros([], y_pred.dtype))
+  return tf.reduce_mean(tf.square(y_true - y_pred), axis=-1) + extra
+
+
+class Gated(keras.layers.Layer):
+  """A trainable layer without a rule: the fast path replays it per example."""
+
+  def build(self, shape):
+    self.w = self.add_weight(shape=(shape[-1], shape[-1]), initializer="glorot_uniform")
+
+  def call(self, x):
+    return x * tf.sigmoid(tf.matmul(x, self.w))
+
+
+def _model(kind):
+  keras.utils.set_random_seed(3)
+  head = lambda h: keras.layers.Dense(1)(h)
+  if kind in ("embedding", "attention"):
+    inputs = keras.Input((5,), dtype="int32")
+    h = keras.layers.Embedding(8, 4, mask_zero=True)(inputs)
+    if kind == "attention":
+      h = keras.layers.MultiHeadAttention(num_heads=2, key_dim=2)(h, h)
+    return keras.Model(inputs, head(keras.layers.GlobalAveragePooling1D()(h)))
+  if kind in ("conv", "depthwise"):
+    inputs = keras.Input((6, 6, 2))
+    layer = (keras.layers.Conv2D(3, 3, activation="relu") if kind == "conv" else
+             keras.layers.DepthwiseConv2D(3, depth_multiplier=2, activation="relu"))
+    return keras.Model(inputs, head(keras.layers.Flatten()(layer(inputs))))
+  if kind == "masked_sequence":
+    inputs = keras.Input((5, 3))
+    h = keras.layers.Dense(4, activation="tanh")(keras.layers.Masking(0.0)(inputs))
+    return keras.Model(inputs, head(keras.layers.GlobalAveragePooling1D()(h)))
+  inputs = keras.Input((4,))
+  h = {"dense": lambda: keras.layers.Dense(4, activation="tanh")(inputs),
+       "layernorm": lambda: keras.layers.LayerNormalization()(keras.layers.Dense(4)(inputs)),
+       "replayed": lambda: Gated()(inputs)}[kind]()
+  return keras.Model(inputs, head(h))
+
+
+def _batch(kind, corruption, batch=5, seed=0):
+  """``(x, y, loss)`` of ``batch`` examples, example ``BAD`` corrupted as named."""
+  rng = np.random.default_rng(seed)
+  if kind in ("embedding", "attention"):
+    x = rng.integers(1, 8, (batch, 5)).astype(np.int32)
+  else:
+    shape = {"conv": (6, 6, 2), "depthwise": (6, 6, 2), "masked_sequence": (5, 3)}.get(kind, (4,))
+    x = rng.normal(size=(batch,) + shape).astype(np.float32) * 2
+  y = rng.normal(size=(batch, 1)).astype(np.float32)
+  loss = MSE
+  if corruption in ("inf_x", "nan_x"):
+    x.reshape(batch, -1)[BAD, 1] = np.inf if corruption == "inf_x" else np.nan
+  elif corruption == "nan_y":
+    y[BAD] = np.nan
+  elif corruption == "inf_loss":
+    y[BAD], loss = 2e3, _inf_loss
+  else:
+    raise ValueError(corruption)
+  return x, y, loss
+
+
+def _flat(grads):
+  return np.concatenate([np.asarray(g, np.float64).ravel() for g in grads])
+
+
+def _assert_contributes_zero(clipped_sum, batch):
+  """``clipped_sum(keep)``: the sum over the examples ``keep``.  With example BAD it is finite
+  and equal to the sum without it; removing any one example moves it by at most C."""
+  everyone = np.arange(batch)
+  full = _flat(clipped_sum(everyone))
+  assert np.all(np.isfinite(full))
+  without = _flat(clipped_sum(everyone[everyone != BAD]))
+  np.testing.assert_allclose(full, without, rtol=1e-5, atol=1e-6)
+  assert np.abs(without).max() > 1e-3  # the others do contribute
+  assert removal_sensitivity(clipped_sum, batch) <= C * (1 + TOL)
+
+
+def _model_sum(model, x, y, loss, method, sample_weight=None, num_microbatches=None,
+               loss_scale=None):
+  def clipped_sum(keep):
+    weights = None if sample_weight is None else tf.constant(sample_weight[keep])
+    cs, _ = clipped_sum_for_model(model, loss, tf.constant(x[keep]), tf.constant(y[keep]),
+                                  weights, C, num_microbatches, method, loss_scale=loss_scale)
+    return cs.grads
+  return clipped_sum
+
+
+@pytest.mark.parametrize("kind, corruption", [
+    ("dense", "inf_x"), ("dense", "nan_x"), ("dense", "nan_y"), ("dense", "inf_loss"),
+    ("conv", "inf_x"), ("conv", "nan_x"), ("depthwise", "nan_x"), ("layernorm", "inf_x"),
+    ("masked_sequence", "nan_x"), ("replayed", "nan_x"), ("replayed", "nan_y"),
+    ("embedding", "nan_y"), ("embedding", "inf_loss"), ("attention", "nan_y")])
+def test_fast_path_non_finite_example_contributes_zero(kind, corruption):
+  model = _model(kind)
+  x, y, loss = _batch(kind, corruption)
+  _assert_contributes_zero(_model_sum(model, x, y, loss, "fast"), len(x))
+
+
+@pytest.mark.parametrize("corruption", [
+    "nan_x", "inf_loss", pytest.param("inf_x", marks=pytest.mark.slow),
+    pytest.param("nan_y", marks=pytest.mark.slow)])
+def test_vectorized_path_non_finite_example_contributes_zero(corruption):
+  model = _model("dense")
+  x, y, loss = _batch("dense", corruption)
+  _assert_contributes_zero(_model_sum(model, x, y, loss, "vectorized"), len(x))
+
+
+@pytest.mark.parametrize("method", ["fast", pytest.param("vectorized", marks=pytest.mark.slow)])
+def test_with_sample_weights_the_example_still_contributes_zero(method):
+  model = _model("dense")
+  x, y, loss = _batch("dense", "nan_x")
+  weights = np.random.default_rng(1).uniform(0.5, 2.0, len(x)).astype(np.float32)
+  _assert_contributes_zero(_model_sum(model, x, y, loss, method, sample_weight=weights), len(x))
+  weights[BAD] = 0.0  # a zero weight times a NaN loss is NaN: still left out
+  _assert_contributes_zero(_model_sum(model, x, y, loss, method, sample_weight=weights), len(x))
+
+
+@pytest.mark.parametrize("method", ["fast", pytest.param("vectorized", marks=pytest.mark.slow)])
+def test_with_microbatches_the_microbatch_of_the_example_contributes_zero(method):
+  model = _model("dense")
+  x, y, loss = _batch("dense", "inf_x", batch=6)
+  full = _model_sum(model, x, y, loss, method, num_microbatches=3)(np.arange(6))
+  # Microbatch 1 holds examples 2 and 3: the sum is that of microbatches 0 and 2 alone.
+  rest = _model_sum(model, x, y, loss, method, num_microbatches=2)(np.array([0, 1, 4, 5]))
+  assert np.all(np.isfinite(_flat(full)))
+  np.testing.assert_allclose(_flat(full), _flat(rest), rtol=1e-5, atol=1e-6)
+
+
+def test_mixed_precision_fast_path_non_finite_example_contributes_zero():
+  before = keras.config.dtype_policy()
+  keras.config.set_dtype_policy("mixed_float16")
+  try:
+    model = _model("dense")
+    for corruption in ("nan_x", "nan_y"):
+      x, y, loss = _batch("dense", corruption)
+      _assert_contributes_zero(_model_sum(model, x, y, loss, "fast", loss_scale=128.0), len(x))
+  finally:
+    keras.config.set_dtype_policy(before)
+
+
+def test_fast_path_in_a_function_with_unknown_batch_size():
+  model = _model("conv")
+  x, y, _ = _batch("conv", "nan_x")
+
+  @tf.function(input_signature=[tf.TensorSpec([None, 6, 6, 2]), tf.TensorSpec([None, 1])])
+  def step(xs, ys):
+    return clipped_sum_for_model(model, MSE, xs, ys, None, C, None, "fast")[0].grads
+  _assert_contributes_zero(lambda keep: step(x[keep], y[keep]), len(x))
+
+
+def _vector_loss_sum(model, x, y, loss, num_microbatches=None):
+  def clipped_sum(keep):
+    with tf.GradientTape() as tape:
+      losses = loss(tf.constant(y[keep]), model(tf.constant(x[keep]), training=True))
+    return per_example.clipped_sum_from_vector_loss(
+        losses, model.trainable_variables, C, num_microbatches, tape=tape).grads
+  return clipped_sum
+
+
+@pytest.mark.parametrize("corruption", ["inf_x", "nan_x", "nan_y"])
+def test_vector_loss_path_stops_when_one_example_makes_every_row_nan(corruption):
+  # The Jacobian of a vector loss comes from the batch's one forward pass: x_i = inf enters
+  # every row's kernel gradient (x_i * 0 = NaN), so no row can be kept and zeroing them all
+  # would release 0 in place of the others' sum.  The step stops with the reason.
+  model = _model("dense")
+  x, y, loss = _batch("dense", corruption)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="Every per-microbatch gradient"):
+    _vector_loss_sum(model, x, y, loss)(np.arange(len(x)))
+  # Without it the step runs; one non-finite microbatch alone (M = 1) is simply zeroed.
+  clean = np.delete(np.arange(len(x)), BAD)
+  assert np.all(np.isfinite(_flat(_vector_loss_sum(model, x, y, loss)(clean))))
+  assert np.all(_flat(_vector_loss_sum(model, x, y, loss)(np.array([BAD]))) == 0.0)
+
+
+def test_vector_loss_path_an_infinite_loss_with_finite_gradient_contributes_zero():
+  model = _model("dense")
+  x, y, loss = _batch("dense", "inf_loss")
+  _assert_contributes_zero(_vector_loss_sum(model, x, y, loss), len(x))
+
+
+# ---------------------------------------------------------------------------------------------
+# Data checks where the data is first read.
+
+def _nan_features(n=10):
+  x = np.random.default_rng(0).normal(size=(n, 3)).astype(np.float32)
+  x[4, 1] = np.nan
+  x[7, 0] = -np.inf
+  return x, np.arange(n) % 3
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: poisson.poisson_batches(d, expected_batch_size=3, steps=2, seed=1),
+    lambda d: poisson.shuffled_batches(d, 2, 1, seed=1),
+    lambda d: poisson.poisson_batches(tf.data.Dataset.from_tensor_slices(d),
+                                      expected_batch_size=3, steps=2, seed=1),
+    lambda d: tf_dpkit.make_private(d, batch_size=2, l2_norm_clip=1.0, delta=1e-5, epochs=1,
+                                    noise_multiplier=1.0)])
+def test_pipelines_refuse_non_finite_features_naming_count_and_first_example(make):
+  with pytest.raises(ValueError, match=r"data\[0\] holds 2 non-finite \(inf or NaN\) entries, "
+                                       r"the first in example 4"):
+    make(_nan_features())
+
+
+def test_non_finite_float_labels_are_refused_and_clean_data_passes():
+  x, _ = _nan_features()
+  x = np.nan_to_num(x)
+  y = np.zeros((10, 1), np.float32)
+  y[9] = np.nan
+  with pytest.raises(ValueError, match=r"data\[1\] holds 1 non-finite .* entry, the first in "
+                                       r"example 9"):
+    poisson.poisson_batches((x, y), expected_batch_size=3, steps=1, seed=1)
+  poisson.check_finite_features((x, np.zeros(10, np.float32)))  # clean: no error
+
+
+def test_make_private_refuses_class_ids_outside_num_classes():
+  x = np.zeros((6, 2), np.float32)
+  y = np.array([0, 1, 2, 7, 2, -1])
+  args = dict(batch_size=2, l2_norm_clip=1.0, delta=1e-3, epochs=1, noise_multiplier=1.0)
+  with pytest.raises(ValueError, match=r"data\[1\] \(the labels y\) must be class ids in "
+                                       r"\[0, 3\) \(num_classes=3\); 2 entries are outside, the "
+                                       r"first 7 in example 3"):
+    tf_dpkit.make_private((x, y), num_classes=3, **args)
+  tf_dpkit.make_private((x, np.clip(y, 0, 2)), num_classes=3, **args)  # in range: accepted
+  tf_dpkit.make_private((x, y), **args)  # no num_classes: not checked here
+  with pytest.raises(ValueError, match=r"num_classes must be an integer in \[1, inf\], got 0"):
+    tf_dpkit.make_private((x, y), num_classes=0, **args)
+  with pytest.raises(ValueError, match=r"num_classes checks the labels y of data=\(x, y\)"):
+    tf_dpkit.make_private({"x": x}, num_classes=3, **args)
+
+
+def test_check_class_labels_leaves_float_labels_to_the_finite_check():
+  poisson.check_class_labels(np.array([0.5, 7.0]), 3)  # not class ids: nothing to check
+  with pytest.raises(ValueError, match=r"labels must be class ids in \[0, 2\).*first 5 in "
+                                       r"example 1"):
+    poisson.check_class_labels(np.array([[0], [5]]), 2)
