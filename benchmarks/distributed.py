@@ -14,8 +14,9 @@ milliseconds and their ratio.  The logical CPU devices of ``mirrored`` share the
 the ratio is what this measures, not a speed-up.  ``--inputs=constant`` feeds the same
 per-replica batches as constants made once (``experimental_distribute_values_from_function``)
 instead of a distributed ``tf.data`` iterator, to separate the cost of the input pipeline.
-Each child imports tf_dpkit before TensorFlow starts (as a training script does at the top), so
-the import sets glibc's top pad and the CNN's first-layer op is used under a strategy too
+Each child calls ``tf_dpkit.distribute.keep_freed_host_memory()`` before TensorFlow starts (as
+a training script under a strategy does at its top), which sets glibc's top pad, so the CNN's
+first-layer op is used under a strategy too
 (``tf_dpkit.distribute.host_keeps_freed_memory``); the children inherit the environment, so
 ``TF_DPKIT_KEEP_FREED_MEMORY=0`` measures without the pad, and ``MALLOC_TOP_PAD_`` sets it from
 outside.  The command line written to the results names these variables.  The faults columns
@@ -45,9 +46,9 @@ def _measure(config):
 
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  # Imported before TensorFlow starts, as at the top of a training script: then the import sets
-  # glibc's top pad (tf_dpkit.distribute.keep_freed_host_memory_at_import).
+  # Before TensorFlow starts, as at the top of a training script: glibc's top pad.
   import tf_dpkit  # pylint: disable=g-import-not-at-top
+  tf_dpkit.distribute.keep_freed_host_memory()
   kind = config["strategy"]
   if kind == "mirrored2":
     cpu = tf.config.list_physical_devices("CPU")[0]

@@ -18,9 +18,6 @@ Privacy accounting lives in the top-level ``analysis`` package.
 """
 # First: fail with a clear message if `analysis` is some other package (see the module).
 from tf_dpkit import _analysis_guard  # noqa: F401  pylint: disable=unused-import
-# Before any module here can start TensorFlow: glibc keeps freed host memory (see there).
-from tf_dpkit import distribute as _distribute
-_distribute.keep_freed_host_memory_at_import()
 from tf_dpkit import v1
 from tf_dpkit import pate
 from tf_dpkit.augmentation import AugmentationMultiplicity

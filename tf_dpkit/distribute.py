@@ -55,11 +55,14 @@ Host memory on CPUs (speed only, never the result): under a strategy TensorFlow 
 kernels on its worker threads, whose glibc ``malloc`` arenas give large freed blocks back to the
 operating system, so a kernel that takes a large scratch buffer every step touches fresh pages
 every step.  With a top pad every arena keeps that much freed memory instead.  Importing
-tf_dpkit sets a 64 MiB pad (:func:`keep_freed_host_memory_at_import`: glibc only, only before
-TensorFlow has started its threads, never over a ``MALLOC_*`` setting of the user's, and not
-with ``TF_DPKIT_KEEP_FREED_MEMORY=0``); starting the process with ``MALLOC_TOP_PAD_=67108864``
-does the same from outside.  :func:`host_keeps_freed_memory` says whether either holds, and the
-conv rule then uses its faster first-layer op under a strategy too.
+tf_dpkit changes nothing in the process; a training script that runs under a strategy on CPUs
+calls :func:`keep_freed_host_memory` at its top, before TensorFlow runs an op or a strategy is
+created (the only time the setting takes effect, so tf_dpkit cannot make it later on the
+script's behalf), which sets a 64 MiB pad (glibc only, never over a ``MALLOC_*`` setting of the
+user's, and not with ``TF_DPKIT_KEEP_FREED_MEMORY=0``); starting the process with
+``MALLOC_TOP_PAD_=67108864`` does the same from outside.  :func:`host_keeps_freed_memory` says
+whether either holds, and the conv rule then uses its faster first-layer op under a strategy
+too (else it unfolds patches: the same values, slower, reported once).
 """
 from __future__ import annotations
 
@@ -207,14 +210,15 @@ def local_worker_addresses(count: int) -> list:
 # conv._FILTER_BACKPROP_CHUNK (128) examples per call, i.e. 8 MiB; the pad leaves room for
 # larger kernels and more filters.
 MIN_TOP_PAD_BYTES = 32 << 20
-# The pad set at import (what MALLOC_TOP_PAD_=67108864 sets at start-up).
+# The pad keep_freed_host_memory sets (what MALLOC_TOP_PAD_=67108864 sets at start-up).
 TOP_PAD_BYTES = 64 << 20
 OPT_OUT_VARIABLE = "TF_DPKIT_KEEP_FREED_MEMORY"
-# glibc's own malloc settings: where the user set any, the import leaves malloc alone.
+# glibc's own malloc settings: where the user set any, keep_freed_host_memory leaves malloc
+# alone.
 USER_MALLOC_VARIABLES = ("MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
                          "GLIBC_TUNABLES")
 _M_TOP_PAD = -2  # glibc's mallopt parameter number (malloc.h)
-_pad_set_at_import = False
+_pad_set = False
 
 
 def _on_glibc() -> bool:
@@ -232,9 +236,11 @@ def _tensorflow_started() -> bool:
     return True
 
 
-def keep_freed_host_memory_at_import() -> bool:
+def keep_freed_host_memory() -> bool:
   """Sets glibc's top pad to ``TOP_PAD_BYTES`` (64 MiB) with ``mallopt(M_TOP_PAD)`` if that can
-  take effect; returns whether it did.  ``import tf_dpkit`` calls it once.
+  take effect; returns whether it did (or had).  An explicit, process-wide choice: call it at
+  the top of a training script that runs under a ``tf.distribute`` strategy on CPUs, before
+  TensorFlow runs an op or a strategy is created (module doc); ``import tf_dpkit`` does not.
 
   It does nothing (and returns False) unless all of these hold: the C library is glibc;
   ``TF_DPKIT_KEEP_FREED_MEMORY`` is not ``"0"``; the user set none of glibc's ``MALLOC_TOP_PAD_``,
@@ -249,8 +255,8 @@ def keep_freed_host_memory_at_import() -> bool:
   glibc's mmap threshold stays at its default (128 KiB) instead of adapting, exactly as with
   ``MALLOC_TOP_PAD_=67108864`` at start-up.  Nothing is allocated in advance.
   """
-  global _pad_set_at_import
-  if _pad_set_at_import:
+  global _pad_set
+  if _pad_set:
     return True
   user_set = any(name in os.environ for name in USER_MALLOC_VARIABLES)
   if (os.environ.get(OPT_OUT_VARIABLE) == "0" or user_set or not _on_glibc() or
@@ -260,10 +266,14 @@ def keep_freed_host_memory_at_import() -> bool:
     import ctypes  # pylint: disable=g-import-not-at-top
     libc = ctypes.CDLL(None)
     libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    _pad_set_at_import = libc.mallopt(_M_TOP_PAD, TOP_PAD_BYTES) == 1
+    _pad_set = libc.mallopt(_M_TOP_PAD, TOP_PAD_BYTES) == 1
   except (OSError, AttributeError):
-    _pad_set_at_import = False
-  return _pad_set_at_import
+    _pad_set = False
+  return _pad_set
+
+
+#: The name before the pad became an explicit call (kept for one release).
+keep_freed_host_memory_at_import = keep_freed_host_memory
 
 
 _fallback_reported = False
@@ -279,16 +289,17 @@ def report_freed_memory_fallback(what: str) -> None:
   _fallback_reported = True
   logging.getLogger("tf_dpkit").warning(
       "tf_dpkit: under this tf.distribute strategy %s take a slower path (same values): glibc "
-      "returns freed host memory to the system each step because tf_dpkit was imported after "
-      "TensorFlow had started (or %s=0, or a MALLOC_* setting of yours). Import tf_dpkit "
-      "before running TensorFlow ops or creating the strategy, or start the process with "
-      "MALLOC_TOP_PAD_=67108864.", what, OPT_OUT_VARIABLE)
+      "returns freed host memory to the system each step (tf_dpkit.distribute."
+      "keep_freed_host_memory() was not called before TensorFlow started, or %s=0, or a "
+      "MALLOC_* setting of yours). Call tf_dpkit.distribute.keep_freed_host_memory() at the "
+      "top of the script, before running TensorFlow ops or creating the strategy, or start "
+      "the process with MALLOC_TOP_PAD_=67108864.", what, OPT_OUT_VARIABLE)
 
 
 def host_keeps_freed_memory() -> bool:
   """True if every glibc ``malloc`` arena of this process keeps at least ``MIN_TOP_PAD_BYTES``
   (32 MiB) of freed memory at its top instead of returning it to the operating system: set by
-  ``import tf_dpkit`` (:func:`keep_freed_host_memory_at_import`), or the process was started
+  :func:`keep_freed_host_memory` in this process, or the process was started
   with ``MALLOC_TOP_PAD_`` of at least that many bytes (decimal digits only; any other spelling
   reads as False, the conservative answer: only speed depends on it).  False on other C
   libraries.
@@ -304,7 +315,7 @@ def host_keeps_freed_memory() -> bool:
   """
   if not _on_glibc():
     return False
-  if _pad_set_at_import:
+  if _pad_set:
     return True
   value = os.environ.get("MALLOC_TOP_PAD_", "")
   return value.isdigit() and int(value) >= MIN_TOP_PAD_BYTES

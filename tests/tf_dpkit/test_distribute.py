@@ -394,8 +394,9 @@ def test_ledger_resumes_through_a_keras_file_under_a_strategy(strategy):
 # What the glibc top pad does, checked on glibc itself: a 16 MiB malloc/touch/free cycle
 # repeated on a thread.  Without the pad glibc faults the block's 4,096 pages in again on the
 # second pass (measured [4097, 4096, 0, 0]); with a 64 MiB pad, never after the first
-# ([4096, 0, 0, 0]).  The pad comes from `import tf_dpkit` (before TensorFlow starts) or from
-# MALLOC_TOP_PAD_ at start-up; host_keeps_freed_memory() must say which processes have it.
+# ([4096, 0, 0, 0]).  The pad comes from distribute.keep_freed_host_memory() called before
+# TensorFlow starts, or from MALLOC_TOP_PAD_ at start-up; `import tf_dpkit` alone leaves malloc
+# as it was; host_keeps_freed_memory() must say which processes have it.
 _MALLOC_PROBE = r"""
 import ctypes, json, os, resource, sys, threading
 if os.environ.get("PROBE_START_TENSORFLOW_FIRST"):
@@ -403,6 +404,8 @@ if os.environ.get("PROBE_START_TENSORFLOW_FIRST"):
   tf.constant(1.0) + 1.0  # the eager context and its threads exist before tf_dpkit is imported
 import tf_dpkit
 from tf_dpkit import distribute
+if os.environ.get("PROBE_KEEP_FREED_MEMORY"):
+  distribute.keep_freed_host_memory()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
@@ -418,41 +421,44 @@ thread = threading.Thread(target=cycle)
 thread.start()
 thread.join()
 print("RESULT " + json.dumps(dict(keeps=distribute.host_keeps_freed_memory(),
-                                  set_at_import=distribute._pad_set_at_import, faults=faults)))
+                                  set_here=distribute._pad_set, faults=faults)))
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
-def test_the_import_time_pad_stops_glibc_returning_a_freed_block_and_is_recognised():
+def test_the_pad_stops_glibc_returning_a_freed_block_and_importing_tf_dpkit_sets_none():
   from tf_dpkit import distribute  # pylint: disable=g-import-not-at-top
   env = _env()
   for name in distribute.USER_MALLOC_VARIABLES + (distribute.OPT_OUT_VARIABLE,):
     env.pop(name, None)
-  envs = {"imported": env, "opted_out": dict(env, TF_DPKIT_KEEP_FREED_MEMORY="0"),
-          "too_late": dict(env, PROBE_START_TENSORFLOW_FIRST="1"),
-          "environment": dict(env, TF_DPKIT_KEEP_FREED_MEMORY="0", MALLOC_TOP_PAD_=str(64 << 20))}
+  called = dict(env, PROBE_KEEP_FREED_MEMORY="1")
+  envs = {"called": called, "imported": env,
+          "opted_out": dict(called, TF_DPKIT_KEEP_FREED_MEMORY="0"),
+          "too_late": dict(called, PROBE_START_TENSORFLOW_FIRST="1"),
+          "environment": dict(env, MALLOC_TOP_PAD_=str(64 << 20))}
   procs = {name: subprocess.Popen([sys.executable, "-c", _MALLOC_PROBE], stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, env=run_env, cwd=ROOT)
            for name, run_env in envs.items()}
   results = {name: _parse(proc.communicate(timeout=300)[0]) for name, proc in procs.items()}
   pages = (16 << 20) // resource.getpagesize()
-  for name, kept in [("imported", True), ("opted_out", False), ("too_late", False),
-                     ("environment", True)]:
+  for name, kept in [("called", True), ("imported", False), ("opted_out", False),
+                     ("too_late", False), ("environment", True)]:
     assert results[name]["keeps"] is kept, name
     if kept:
       assert max(results[name]["faults"][1:]) <= 0.01 * pages, name  # never faulted in again
     else:
       assert results[name]["faults"][1] >= 0.9 * pages, name  # the block is faulted in again
-  assert results["imported"]["set_at_import"] is True
-  assert results["environment"]["set_at_import"] is False  # the user's setting stands
+  assert results["called"]["set_here"] is True
+  assert results["imported"]["set_here"] is False  # the import changed nothing
+  assert results["environment"]["set_here"] is False  # the user's setting stands
 
 
 @pytest.mark.parametrize("setting", ["opt_out", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_",
                                      "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES", "started",
                                      "musl"])
-def test_the_import_time_pad_is_not_set_where_it_should_not_be(setting, monkeypatch):
+def test_the_pad_is_not_set_where_it_should_not_be(setting, monkeypatch):
   from tf_dpkit import distribute
-  monkeypatch.setattr(distribute, "_pad_set_at_import", False)
+  monkeypatch.setattr(distribute, "_pad_set", False)
   for name in distribute.USER_MALLOC_VARIABLES + (distribute.OPT_OUT_VARIABLE,):
     monkeypatch.delenv(name, raising=False)
   monkeypatch.setattr(distribute, "_tensorflow_started", lambda: setting == "started")
@@ -462,23 +468,24 @@ def test_the_import_time_pad_is_not_set_where_it_should_not_be(setting, monkeypa
     monkeypatch.setattr(distribute.platform, "libc_ver", lambda: ("", ""))
   elif setting.startswith(("MALLOC", "GLIBC")):
     monkeypatch.setenv(setting, "1")
-  assert distribute.keep_freed_host_memory_at_import() is False
-  assert distribute._pad_set_at_import is False  # pylint: disable=protected-access
+  assert distribute.keep_freed_host_memory() is False
+  assert distribute._pad_set is False  # pylint: disable=protected-access
   assert distribute.host_keeps_freed_memory() is False
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
-def test_the_import_time_pad_is_set_once_and_then_recognised(monkeypatch):
+def test_the_pad_is_set_once_and_then_recognised(monkeypatch):
   from tf_dpkit import distribute
-  monkeypatch.setattr(distribute, "_pad_set_at_import", False)
+  monkeypatch.setattr(distribute, "_pad_set", False)
   for name in distribute.USER_MALLOC_VARIABLES + (distribute.OPT_OUT_VARIABLE,):
     monkeypatch.delenv(name, raising=False)
   monkeypatch.setattr(distribute, "_tensorflow_started", lambda: False)
   assert distribute.host_keeps_freed_memory() is False
-  assert distribute.keep_freed_host_memory_at_import() is True  # mallopt(M_TOP_PAD, 64 MiB)
+  assert distribute.keep_freed_host_memory() is True  # mallopt(M_TOP_PAD, 64 MiB)
   assert distribute.host_keeps_freed_memory() is True
   monkeypatch.setattr(distribute, "_tensorflow_started", lambda: True)
-  assert distribute.keep_freed_host_memory_at_import() is True  # already set: stays set
+  assert distribute.keep_freed_host_memory() is True  # already set: stays set
+  assert distribute.keep_freed_host_memory_at_import is distribute.keep_freed_host_memory
 
 
 def test_tensorflow_started_is_true_in_a_process_that_ran_an_op():
@@ -494,6 +501,6 @@ def test_tensorflow_started_is_true_in_a_process_that_ran_an_op():
 def test_host_keeps_freed_memory_reads_malloc_top_pad_from_the_environment(value, keeps,
                                                                            monkeypatch):
   from tf_dpkit import distribute
-  monkeypatch.setattr(distribute, "_pad_set_at_import", False)  # only the environment counts
+  monkeypatch.setattr(distribute, "_pad_set", False)  # only the environment counts
   monkeypatch.setenv("MALLOC_TOP_PAD_", value)
   assert distribute.host_keeps_freed_memory() is (keeps and sys.platform.startswith("linux"))

@@ -305,6 +305,25 @@ def test_tiny_end_to_end_conditional(tmp_path):
   assert 0.0 <= accuracy <= 1.0
 
 
+def test_save_sample_grid_draws_without_touching_matplotlibs_backend_or_pyplot(tmp_path,
+                                                                             monkeypatch):
+  matplotlib = pytest.importorskip("matplotlib")
+  from matplotlib import image as mpl_image  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  backend, figures = matplotlib.get_backend(), plt.get_fignums()
+  chosen = []
+  monkeypatch.setattr(matplotlib, "use", lambda *args, **kwargs: chosen.append(args))
+  images = np.zeros((3, 6, 6), np.float32)
+  images[1] = 1.0  # one white tile among black ones, on a white background
+  png = generative.save_sample_grid(images, str(tmp_path / "grid.png"), columns=2)
+  assert chosen == [] and matplotlib.get_backend() == backend  # no backend selected
+  assert plt.get_fignums() == figures  # no pyplot figure made or left open
+  pixels = mpl_image.imread(png)
+  # 2 columns and 2 rows: (2 * 0.6 + 0.2) inches at 100 dpi each way, RGBA in [0, 1].
+  assert pixels.shape == (140, 140, 4)
+  assert pixels[..., :3].min() == 0.0 and pixels[..., :3].max() == 1.0
+
+
 def test_frechet_distance_closed_form():
   rng = np.random.default_rng(0)
   a = rng.normal(size=(20000, 3))

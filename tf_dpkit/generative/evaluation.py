@@ -229,11 +229,13 @@ def save_sample_grid(images, path, *, columns=10, title=None):
   """Saves ``images`` (``[n, H, W]`` or ``[n, H, W, 1]``, values in [0, 1]) as a PNG grid.
 
   Row-major tiling, ``columns`` per row (integer >= 1), 1-pixel gaps; values are clipped to
-  [0, 1] and drawn in grey scale.  Returns ``path``.
+  [0, 1] and drawn in grey scale.  Returns ``path``.  Drawn on its own figure and Agg canvas:
+  matplotlib's backend and pyplot's figures are left as they are.
   """
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+  # pylint: enable=g-import-not-at-top
   columns = _checks.check_integer("columns", columns, minimum=1)
   images = _images("images", images)
   if images.ndim == 4 and images.shape[-1] == 1:
@@ -246,12 +248,12 @@ def save_sample_grid(images, path, *, columns=10, title=None):
   for i, img in enumerate(np.clip(images, 0.0, 1.0)):
     r, c = divmod(i, columns)
     grid[1 + r * (h + 1):1 + r * (h + 1) + h, 1 + c * (w + 1):1 + c * (w + 1) + w] = img
-  fig = plt.figure(figsize=(columns * 0.6 + 0.2, rows * 0.6 + (0.5 if title else 0.2)))
+  fig = Figure(figsize=(columns * 0.6 + 0.2, rows * 0.6 + (0.5 if title else 0.2)))
+  FigureCanvasAgg(fig)
   ax = fig.add_axes([0, 0, 1, 0.92 if title else 1])
   ax.imshow(grid, cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
   ax.axis("off")
   if title:
     fig.suptitle(title, fontsize=8)
   fig.savefig(path, dpi=100)
-  plt.close(fig)
   return path

@@ -68,8 +68,8 @@ def unfold_patches(x, kernel_hw, strides, dilations, padding):
 # over a batch of 1,024 took 31.7 ms and eight calls of 128 took 10.3 ms (the unfolding: 18.3 ms).
 # Under a tf.distribute strategy the op runs on TensorFlow's worker threads, where glibc returns
 # even small scratch to the system each step; there it is used only when the process keeps freed
-# memory (tf_dpkit.distribute.host_keeps_freed_memory: import tf_dpkit before TensorFlow starts,
-# or MALLOC_TOP_PAD_), else the unfolding
+# memory (tf_dpkit.distribute.host_keeps_freed_memory: keep_freed_host_memory() called before
+# TensorFlow starts, or MALLOC_TOP_PAD_), else the unfolding
 # (benchmarks/first_conv_methods.py measures both, with page faults).
 _FILTER_BACKPROP_CHUNK = 128
 
