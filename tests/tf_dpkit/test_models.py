@@ -166,8 +166,12 @@ def test_activity_regularizer_is_refused():
 def test_indivisible_last_batch_names_the_fix():
   model = tf_dpkit.DPSequential(_layers())
   model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0, 4), loss=LOSS)
-  with pytest.raises(Exception, match="drop_remainder=True"):
+  # Refused before training (not at the end of the epoch, deep in the graph).
+  with pytest.raises(ValueError, match=r"last batch of every epoch holds 2 examples, which "
+                                       r"num_microbatches=4 does not divide.*Trim N to a "
+                                       "multiple of the batch size"):
     model.fit(X[:10], Y[:10], batch_size=8, verbose=0)
+  assert int(model.optimizer.iterations.numpy()) == 0
 
 
 def test_make_dp_model_class_validates_and_caches():
