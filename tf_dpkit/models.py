@@ -376,6 +376,9 @@ class _DPTrainStep:
       args[3] = _privacy_callbacks_first(args[3])
     elif "callbacks" in kwargs:
       kwargs["callbacks"] = _privacy_callbacks_first(kwargs["callbacks"])
+    plan = getattr(self.optimizer, "_dp_plan", None)  # an optimizer from make_private
+    if plan is not None:
+      plan.check_fit(pipeline, args[3] if len(args) > 3 else kwargs.get("callbacks"))
     return super().fit(x, y, *args, **kwargs)
 
   # How per-microbatch gradients are computed: "auto" (fast per-layer path when the model is a

@@ -37,6 +37,7 @@ level pieces (DP optimizers, ``poisson_batches``, ``PrivacyBudget``) stay usable
 from __future__ import annotations
 
 import collections.abc
+import math
 import warnings
 
 import keras
@@ -153,9 +154,11 @@ class DPTraining:
       kwargs["gradient_accumulation_steps"] = self.gradient_accumulation_steps
     if self.adaptive_clipping is not None:
       kwargs["adaptive_clipping"] = self.adaptive_clipping
-    return make_gaussian_optimizer_class(base)(
+    optimizer = make_gaussian_optimizer_class(base)(
         self.l2_norm_clip, self.noise_multiplier, self.num_microbatches,
         expected_batch_size=expected, **kwargs)
+    optimizer._dp_plan = _Plan(self)  # pylint: disable=protected-access
+    return optimizer
 
   def dataset(self, seed: int | None = None):
     """The batches: ``poisson_batches`` or ``shuffled_batches`` of the data, for all steps.
@@ -224,6 +227,48 @@ class FitArguments(collections.abc.Mapping):
 
   def __repr__(self):
     return f"FitArguments({self._unpacked!r}, callbacks={self._callbacks!r})"
+
+
+class _Plan:
+  """What an optimizer made by :meth:`DPTraining.optimizer` was configured for.
+
+  A DP model's ``fit`` calls :meth:`check_fit` before training: the configuration's epsilon
+  holds only for its own batches, accounted by a :class:`tf_dpkit.budget.PrivacyBudget`, so a
+  ``fit`` given anything else (in-memory arrays, which Keras cuts into shuffled fixed-size
+  batches; another pipeline; no budget, so no epsilon is reported) is refused.
+  """
+
+  def __init__(self, training: DPTraining):
+    self.sampling = training.sampling
+    self.sampling_probability = training.sampling_probability
+    self.description = repr(training)
+
+  def check_fit(self, pipeline, callbacks) -> None:
+    """Raises ValueError unless ``fit`` gets this plan's pipeline and a PrivacyBudget."""
+    fix = ("Train with model.fit(**private.fit_arguments()) (add your own callbacks with "
+           "fit(**private.fit_arguments(), callbacks=[...])), or, for another run, build it "
+           "with make_private(...) again.")
+    if pipeline is None:
+      raise ValueError(
+          f"fit: this optimizer comes from {self.description}, whose epsilon holds for its "
+          f"{self.sampling} batches only, but fit was given something else (e.g. in-memory "
+          "arrays, which Keras cuts into shuffled fixed-size batches) and would train a "
+          f"mechanism no epsilon was stated for. {fix}")
+    if (pipeline.sampling != self.sampling
+        or (self.sampling == "poisson"
+            and not math.isclose(pipeline.sampling_probability, self.sampling_probability,
+                                 rel_tol=1e-12))):
+      raise ValueError(
+          f"fit: this optimizer comes from {self.description}, but fit was given "
+          f"{pipeline.sampling} batches of {pipeline.num_examples} examples at another rate: the "
+          f"stated epsilon would be for another mechanism. {fix}")
+    callbacks = callbacks.callbacks if isinstance(callbacks, keras.callbacks.CallbackList) else (
+        callbacks or [])
+    if not any(isinstance(c, budget_lib.PrivacyBudget) for c in callbacks):
+      raise ValueError(
+          f"fit: this optimizer comes from {self.description}, but fit has no "
+          "tf_dpkit.budget.PrivacyBudget callback, so nothing would account or report the "
+          f"epsilon of what runs. {fix}")
 
 
 def _steps_per_epoch(sampling, n, b):

@@ -17,6 +17,12 @@ batch size*) and variance ``qN(1 - q)``.  :func:`poisson_batches` implements exa
   ``q``, so the accounted epsilon is an upper bound.  Steps use unrelated keys, so their draws
   are independent; the same ``(seed, t)`` always gives the same batch (reproducible, and
   independent of how far an iterator has advanced or of ``tf.data`` parallelism).
+* Every pass over the dataset draws fresh batches: the ``p``-th iteration (``p = 0, 1, ...``:
+  a Keras epoch without ``steps_per_epoch``, a second ``fit``, ``repeat``, a custom loop's
+  second ``for``) emits the batches of steps ``p * steps ... (p + 1) * steps - 1``, so no batch
+  is ever released twice while the ledger counts it as a fresh sample.  Transformations that
+  could replay batches (``cache``, ``snapshot``) or change the mechanism are refused by the DP
+  models' ``fit`` (:func:`pipeline_of`).
 * The selected examples are gathered in ascending index order.  There is NO cap and no
   padding to a fixed size: a cap (truncating large draws) or a fixed-size resample would change
   the mechanism away from the one that is accounted.  Batches therefore have variable size, and
@@ -377,6 +383,31 @@ def _ceil_ratio(numerator: float, denominator: float) -> int:
   return math.ceil(ratio)
 
 
+class _Passes:
+  """Counts the passes over one pipeline, so that every pass draws fresh batches.
+
+  A ``tf.data`` pipeline is re-iterated whenever Keras starts an epoch without
+  ``steps_per_epoch``, a second ``fit`` or a custom loop iterates it again, or ``repeat`` /
+  ``concatenate`` reads it twice.  Batch ``t`` is a pure function of ``(seed, t)``, so a pass
+  that restarted ``t`` at 0 would replay the very same batches, and each replayed batch would
+  be released again under a ledger that counts it as a fresh Poisson sample.  Instead pass
+  ``p`` (0 for the first) draws the batches of global steps ``p * count ... (p + 1) * count -
+  1``: every step of every pass is a fresh, independent draw, exactly what the ledger counts.
+  The first pass is the batches ``0 ... count - 1`` the pipeline always had.
+  """
+
+  def __init__(self):
+    with tf.init_scope(), tf.device("/cpu:0"):
+      self._counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="dp_passes")
+
+  def indices(self, count: int) -> tf.data.Dataset:
+    """``count`` consecutive int64 indices; pass ``p`` gives ``p * count ... (p + 1) * count - 1``."""
+    count = tf.constant(count, tf.int64)
+    return tf.data.Dataset.range(1).map(lambda _: self._counter.assign_add(1) - 1).flat_map(
+        lambda p: tf.data.Dataset.range(p * count, (p + 1) * count)).apply(
+            tf.data.experimental.assert_cardinality(count))
+
+
 def _indices_and_weights(selected):
   """``(indices, weights)`` of the ``True`` entries of ``selected`` (module doc): ascending
   int64 indices and float32 weights of ones; an empty selection gives index 0 with weight 0."""
@@ -508,11 +539,11 @@ class PoissonSampling:
         indices, weights = self.batch_indices(step)
         return _gather(structure, indices, weights)
 
-      dataset = tf.data.Dataset.range(self.steps).map(
+      dataset = _Passes().indices(self.steps).map(
           element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     else:
       dataset = _split_logical_batches(
-          tf.data.Dataset.range(self.steps).map(
+          _Passes().indices(self.steps).map(
               lambda step: tf.where(self.selected(step))[:, 0],
               num_parallel_calls=tf.data.AUTOTUNE, deterministic=True),
           structure, accumulation_steps)
@@ -769,6 +800,7 @@ def distributed_poisson_batches(strategy, data, *, sampling_probability: float |
   # The draws over the examples this worker holds: all N, or its shard.
   local = dataclasses.replace(whole, num_examples=local_n) if sharded else whole
   replicas = int(strategy.num_replicas_in_sync)
+  passes = _Passes()  # each worker process counts its own passes (all iterate in step)
 
   def dataset_fn(context):
     pipelines = int(context.num_input_pipelines)
@@ -790,7 +822,7 @@ def distributed_poisson_batches(strategy, data, *, sampling_probability: float |
           tf.logical_and(local.selected(step, stream), mine))
       return _gather(structure, indices, weights)
 
-    return tf.data.Dataset.range(whole.steps * per_worker).map(
+    return passes.indices(whole.steps * per_worker).map(
         element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
   distributed = strategy.distribute_datasets_from_function(dataset_fn)
@@ -863,7 +895,7 @@ def shuffled_batches(data, batch_size: int, epochs: int, seed: int | None = None
   def element(indices):
     return _gather(structure, indices, tf.ones(tf.shape(indices), tf.float32))
 
-  batches = tf.data.Dataset.range(epochs).flat_map(epoch_batches)
+  batches = _Passes().indices(epochs).flat_map(epoch_batches)
   if chunks == 1:
     dataset = batches.map(element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   else:
@@ -899,11 +931,67 @@ def _tagged(dataset: tf.data.Dataset, pipeline: Pipeline) -> tf.data.Dataset:
   return dataset
 
 
+#: Transformations of a pipeline's dataset that keep what it is: each element is still one
+#: fresh batch of the pipeline (or the element mapped on its own), in some order, possibly fewer
+#: of them.  ``repeat`` qualifies because every pass draws fresh batches (:class:`_Passes`).
+_KEEPING = frozenset(["PrefetchDataset", "TakeDataset", "SkipDataset", "RepeatDataset",
+                      "ShuffleDataset", "MapDataset", "ParallelMapDataset", "OptionsDataset",
+                      "AssertCardinalityDataset", "ModelDataset", "MaxIntraOpParallelismDataset",
+                      "PrivateThreadPoolDataset"])
+
+
+def _inputs(dataset) -> list:
+  inputs = getattr(dataset, "_inputs", None)
+  try:
+    return list(inputs()) if callable(inputs) else []
+  except (NotImplementedError, TypeError, AttributeError):
+    return []
+
+
+def _tagged_ancestor(dataset, seen: set):
+  """``(pipeline, path)`` of the nearest tagged dataset ``dataset`` is derived from, where
+  ``path`` lists the transformations in between (outermost first); ``(None, [])`` if none."""
+  if id(dataset) in seen:
+    return None, []
+  seen.add(id(dataset))
+  tag = getattr(dataset, "_tf_dpkit_pipeline", None)
+  if tag is not None:
+    return tag, []
+  for parent in _inputs(dataset):
+    tag, path = _tagged_ancestor(parent, seen)
+    if tag is not None:
+      return tag, [type(dataset).__name__.lstrip("_")] + path
+  return None, []
+
+
 def pipeline_of(dataset) -> Pipeline | None:
-  """The :class:`Pipeline` of a dataset returned by :func:`poisson_batches` /
-  :func:`shuffled_batches` (None for any other object, including datasets derived from them
-  with ``take``, ``prefetch``, ...: the tag is not carried through transformations)."""
-  return getattr(dataset, "_tf_dpkit_pipeline", None)
+  """The :class:`Pipeline` a dataset is, or None when it comes from no tf_dpkit pipeline.
+
+  A dataset returned by :func:`poisson_batches` / :func:`shuffled_batches` /
+  :func:`distributed_poisson_batches` carries its :class:`Pipeline`.  A dataset derived from one
+  keeps it through transformations that emit each element as one fresh batch of the pipeline
+  (``prefetch``, ``take``, ``skip``, ``repeat``, ``shuffle``, an element-wise ``map``,
+  ``with_options``); any other transformation between them is refused, since it can replay
+  batches (``cache``, ``snapshot``: each replayed batch would be released again while the ledger
+  counts a fresh sample), select steps by their content (``filter``, ``ignore_errors``) or
+  re-cut the batches (``batch``, ``unbatch``, ``rebatch``, ``concatenate``, ``zip``), all of
+  which change the mechanism the ledger accounts.
+
+  Raises:
+    ValueError: ``dataset`` derives from a tf_dpkit pipeline through such a transformation.
+  """
+  tag, path = _tagged_ancestor(dataset, set())
+  bad = [name for name in path if name not in _KEEPING]
+  if bad:
+    raise ValueError(
+        f"x: this dataset is a tf_dpkit {tag.sampling} pipeline transformed by {bad[0]} "
+        f"(transformations from the pipeline outwards: {list(reversed(path))}). {bad[0]} can "
+        "replay batches (cache, snapshot), choose steps by their content (filter, "
+        "ignore_errors) or re-cut them (batch, unbatch, concatenate, zip), so the accounted "
+        "mechanism would not be the one that ran. Only prefetch, take, skip, repeat, shuffle, "
+        "element-wise map and with_options are allowed; every pass over the pipeline draws "
+        "fresh batches, so no cache is needed.")
+  return tag
 
 
 __all__ = ["Pipeline", "PoissonSampling", "accumulation_steps_for_memory", "check_class_labels",
