@@ -5,7 +5,9 @@ The mechanism of one step at clip norm ``C_t`` (Algorithm 1 of the paper, for DP
 
 * every example (microbatch) ``i`` of the batch contributes its clipped gradient
   ``clip(g_i) = g_i min(1, C_t / ||g_i||)`` and its recentred bit ``b_i - 1/2`` with
-  ``b_i = 1[||g_i|| <= C_t]`` (1 when the example is not clipped);
+  ``b_i = 1[||g_i|| <= C_t]`` (1 when the example is not clipped); an example whose gradient
+  is exactly zero (a weight-0 placeholder of an empty Poisson draw, a zeroed non-finite
+  example) contributes 0 to both, as an absent one does;
 * released: the noisy sum ``S~ = sum_i clip(g_i) + N(0, (z_Delta C_t)^2 I)`` and the noisy
   count ``B~ = sum_i (b_i - 1/2) + N(0, sigma_b^2)``;
 * post-processing: ``b~ = B~ / n + 1/2`` with ``n`` the *expected* batch size (or the fixed
@@ -22,7 +24,7 @@ mechanism with identity covariance on the concatenated vector, whose L2 sensitiv
     sqrt( (C_t / (z_Delta C_t))^2 + ((1/2) / sigma_b)^2 ) = sqrt(z_Delta^-2 + (2 sigma_b)^-2)
 
 because adding or removing one example moves the sum by at most ``C_t`` (clipping) and the
-recentred count by exactly ``1/2`` (its bit is ``+1/2`` or ``-1/2``), *at the same time*, so the
+recentred count by at most ``1/2`` (its bit is ``+1/2``, ``-1/2`` or, zero gradient, 0), *at the same time*, so the
 two displacements add in squares.  A Gaussian mechanism with identity noise and sensitivity
 ``1/z`` is the Gaussian mechanism with noise multiplier ``z`` (its privacy depends only on the
 ratio of sensitivity to noise, in every direction by rotational invariance), hence

@@ -113,28 +113,37 @@ def _check_no_decisions_on_training_logs(callbacks):
         "release the epsilon does not account for.")
 
 
-def _check_array_batches_split_into_microbatches(model, x, args, kwargs):
-  """With in-memory arrays, refuses before training a batch that ``num_microbatches`` does not
-  divide (Keras's last batch of an epoch holds the remainder ``N mod batch_size``)."""
-  m = getattr(model.optimizer, "num_microbatches", None)
-  if m is None:
-    return
+def _array_fit_sizes(x, args, kwargs):
+  """``(N, batch_size, steps_per_epoch)`` of ``fit`` on in-memory arrays ``x`` as Keras batches
+  them (N after ``validation_split``; ``steps_per_epoch`` None when not given), or None when
+  ``x`` has no leading dimension."""
   first = tf.nest.flatten(x)[0] if tf.nest.flatten(x) else None
   if getattr(first, "shape", None) is None or len(first.shape) == 0 or first.shape[0] is None:
-    return
+    return None
   n = int(first.shape[0])
   batch_size = args[0] if args else kwargs.get("batch_size")
   batch_size = 32 if batch_size is None else int(batch_size)  # Keras's default
   split = args[4] if len(args) > 4 else kwargs.get("validation_split", 0.0)
   if split:
     n = int(math.floor(n * (1.0 - split)))  # as Keras splits the arrays
+  steps = args[10] if len(args) > 10 else kwargs.get("steps_per_epoch")
+  return n, batch_size, steps
+
+
+def _check_array_batches_split_into_microbatches(model, x, args, kwargs):
+  """With in-memory arrays, refuses before training a batch that ``num_microbatches`` does not
+  divide (Keras's last batch of an epoch holds the remainder ``N mod batch_size``)."""
+  m = getattr(model.optimizer, "num_microbatches", None)
+  sizes = _array_fit_sizes(x, args, kwargs)
+  if m is None or sizes is None:
+    return
+  n, batch_size, steps = sizes
   if batch_size % m:
     raise ValueError(
         f"batch_size={batch_size} is not a multiple of the DP optimizer's num_microbatches={m}: "
         "every batch is cut into that many equal microbatches. Pick a batch size that is a "
         "multiple of num_microbatches.")
   remainder = n % batch_size if n > batch_size else n
-  steps = args[10] if len(args) > 10 else kwargs.get("steps_per_epoch")
   if steps is None and remainder % m:
     raise ValueError(
         f"x has N={n} training examples, so with batch_size={batch_size} the last batch of "
@@ -358,6 +367,9 @@ class _DPTrainStep:
     self._dp_fit_pipeline = pipeline_of(x)
     if self._dp_keras_batches_arrays:
       _check_array_batches_split_into_microbatches(self, x, args, kwargs)
+      sizes = _array_fit_sizes(x, args, kwargs)
+      if sizes is not None:  # virtual batches must not straddle two epochs' permutations
+        accumulation.check_array_epochs(self.optimizer, *sizes)
     replicas = self.distribute_strategy.num_replicas_in_sync
     pipeline = self._dp_fit_pipeline
     accumulation.check_fit(self, pipeline)  # virtual batches (gradient_accumulation_steps)

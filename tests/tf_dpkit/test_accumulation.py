@@ -464,3 +464,49 @@ def test_budget_stops_at_the_last_affordable_logical_step(spe):
   assert budget.accountant.steps == int(optimizer.iterations.numpy()) == 3
   assert budget.accountant.epsilon() == pytest.approx(epsilon(3), rel=1e-12)
   assert budget.accountant.epsilon() <= target
+
+
+def _array_fit_releases(n, batch_size, k, epochs):
+  """Noise-free fit on in-memory arrays (Keras shuffles each epoch) of a model whose example
+  i has the gradient e_i (norm 1 = C): each release's clipped sum, read back from the weight
+  changes, is then the vector of how many times each example is in that release."""
+  keras.utils.set_random_seed(7)
+  model = tf_dpkit.DPSequential([keras.Input((n,)), keras.layers.Dense(1, use_bias=False)])
+  optimizer = tf_dpkit.DPGradientDescentGaussianOptimizer(
+      1.0, 0.0, learning_rate=1.0, gradient_accumulation_steps=k)
+  model.compile(optimizer=optimizer, loss=lambda y_true, y_pred: y_pred[:, 0])
+  kernels = [model.get_weights()[0][:, 0].copy()]
+  record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs=None: (
+      kernels.append(model.get_weights()[0][:, 0].copy())))
+  model.fit(np.eye(n, dtype=np.float32), np.zeros(n, np.float32), batch_size=batch_size,
+            epochs=epochs, shuffle=True, verbose=0, callbacks=[record])
+  steps = np.diff(np.array(kernels), axis=0)
+  releases = [-s for s in steps if np.any(s != 0)]
+  return releases, int(optimizer.iterations.numpy())
+
+
+def test_array_fit_releases_hold_each_example_at_most_once():
+  # N=6 in batches of 2: 3 batches per epoch = one logical batch of k = 3 per epoch.
+  releases, iterations = _array_fit_releases(6, 2, 3, epochs=4)
+  assert iterations == 4 == len(releases)
+  for release in releases:  # normaliser n = 6 microbatches of the logical batch
+    multiplicity = 6.0 * release
+    np.testing.assert_allclose(multiplicity, np.ones(6), atol=1e-5)
+    # Brute force: removing example i moves this release's clipped sum by multiplicity_i * C.
+    assert max(np.abs(multiplicity)) * 1.0 <= 1.0 + 1e-5
+
+
+def test_array_fit_whose_epochs_k_does_not_divide_is_refused():
+  # Was: N=2, batch 1, k=3 released clip(x0) + clip(x1) + clip(x0'): one example twice (2 C).
+  for n, batch_size, k, extra in ((2, 1, 3, {}), (7, 2, 3, {}), (6, 2, 3,
+                                                                  {"steps_per_epoch": 2})):
+    model = tf_dpkit.DPSequential([keras.Input((n,)), keras.layers.Dense(1, use_bias=False)])
+    model.compile(optimizer=tf_dpkit.DPGradientDescentGaussianOptimizer(
+        1.0, 0.0, learning_rate=1.0, gradient_accumulation_steps=k),
+                  loss=lambda y_true, y_pred: y_pred[:, 0])
+    before = model.get_weights()[0].copy()
+    with pytest.raises(ValueError, match=f"not a multiple of gradient_accumulation_steps={k}"
+                                         ".*straddle two epochs"):
+      model.fit(np.eye(n, dtype=np.float32), np.zeros(n, np.float32), batch_size=batch_size,
+                epochs=3, verbose=0, **extra)
+    np.testing.assert_array_equal(model.get_weights()[0], before)

@@ -392,3 +392,50 @@ def test_the_split_in_the_optimizer_is_the_analysis_one():
   assert optimizer.get_config()["adaptive_clipping"] == {
       "target_quantile": 0.5, "learning_rate": 0.2, "count_noise_stddev": 3.2}
   assert optimizer.noise_multiplier == 1.1
+
+
+@pytest.mark.parametrize("method", ["fast", pytest.param("vectorized", marks=pytest.mark.slow)])
+def test_a_weight_0_placeholder_adds_nothing_to_the_unclipped_count(method):
+  """The Poisson pipeline's empty draw is example 0 with weight 0.  It must release the count
+  of the empty batch (0 plus noise), and next to real rows the count of the real rows only;
+  noise-free (z = 0, sigma_b = 0), so C_1 is the update formula of that exact count.
+  Was: the placeholder's zero gradient counted as unclipped (+1/2): removing the one example
+  of a batch moved the count by 1 where the noise split assumes 1/2."""
+  rng = np.random.default_rng(5)
+  real = _rows_with_norms(rng.lognormal(0.0, 1.0, 16), rng)
+  placeholder = _rows_with_norms([50.0], rng)  # its weight is 0: its gradient is 0
+  gamma, eta, n, clip0 = 0.3, 0.7, 20, 0.9
+  for rows, weights, reference_rows in (
+      (placeholder, [0.0], real[:0]),
+      (np.concatenate([real, placeholder]), [1.0] * 16 + [0.0], real)):
+    optimizer = _optimizer(noise_multiplier=0.0, expected_batch_size=n, seed=None,
+                           l2_norm_clip=clip0, adaptive_clipping=dict(
+                               target_quantile=gamma, learning_rate=eta,
+                               count_noise_stddev=0.0))
+    model = _linear_model()
+    model.per_example_method = method
+    model.compile(optimizer=optimizer, loss=_output_as_loss)
+    model.train_on_batch(rows, np.zeros(len(rows), np.float32),
+                         sample_weight=np.array(weights, np.float32))
+    norms = np.linalg.norm(reference_rows.astype(np.float64), axis=1)
+    count = np.sum(norms <= clip0) - len(norms) / 2  # 0 for the empty batch
+    want = clip0 * math.exp(-eta * (min(1.0, max(0.0, count / n + 0.5)) - gamma))
+    assert _clip(optimizer) == pytest.approx(want, rel=2e-6)
+
+
+@pytest.mark.parametrize("combination, match", [
+    (dict(layer_clip_norms=True), "cannot be combined with per-layer clip norms.*global clip"),
+    (dict(gradient_accumulation_steps=2), "cannot be combined with gradient_accumulation_steps=2"
+                                          ".*once per k micro-batches")])
+def test_adaptive_clipping_combinations_are_refused_for_what_they_are(combination, match):
+  # Was: without expected_batch_size the refusal spoke of a missing count_noise_stddev.
+  from tf_dpkit.clipping.groups import LayerClipNorms  # pylint: disable=g-import-not-at-top
+  args = dict(l2_norm_clip=1.0, noise_multiplier=1.0, learning_rate=0.1,
+              adaptive_clipping=True)
+  if combination.pop("layer_clip_norms", False):
+    args["l2_norm_clip"] = LayerClipNorms({"a": 1.0})
+  args.update(combination)
+  for extra in ({}, {"expected_batch_size": 100.0}):
+    with pytest.raises(ValueError, match=match) as info:
+      DPSGD(**args, **extra)
+    assert "count_noise_stddev" not in str(info.value)

@@ -74,7 +74,7 @@ def test_only_real_gradients_are_clipped_and_noised():
   x, _ = _data(5)
   before = _weights(gan.discriminator)
   expected = _expected_discriminator_update(gan, x)
-  logs = gan.discriminator_step(x)
+  logs = gan.discriminator_step(x, dataset_size=40)
   assert float(logs["median_real_grad_norm"]) > gan.l2_norm_clip  # clipping is active
   for b, a, e in zip(before, _weights(gan.discriminator), expected):
     np.testing.assert_allclose(b - a, e.numpy(), rtol=1e-4, atol=1e-6)  # SGD, learning rate 1
@@ -82,8 +82,8 @@ def test_only_real_gradients_are_clipped_and_noised():
   gan_a, gan_b = _gan(), _gan()
   x2 = x.copy()
   x2[2] = 1.0 - x2[2]
-  gan_a.discriminator_step(x)
-  gan_b.discriminator_step(x2)
+  gan_a.discriminator_step(x, dataset_size=40)
+  gan_b.discriminator_step(x2, dataset_size=40)
   diff = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(_weights(gan_a.discriminator),
                                                           _weights(gan_b.discriminator))))
   assert 0 < diff <= gan.l2_norm_clip / gan.expected_batch_size * (1 + 1e-5)
@@ -93,8 +93,8 @@ def test_discriminator_noise_has_the_dp_sgd_scale():
   sigma = 3.0
   quiet, noisy = _gan(), _gan(noise_multiplier=sigma, noise_seed=7)
   x, _ = _data(5)
-  quiet.discriminator_step(x)
-  noisy.discriminator_step(x)
+  quiet.discriminator_step(x, dataset_size=40)
+  noisy.discriminator_step(x, dataset_size=40)
   diff = np.concatenate([(a - b).ravel() for a, b in zip(_weights(quiet.discriminator),
                                                          _weights(noisy.discriminator))])
   # Noise N(0, (sigma C)^2) on the clipped sum, divided by qN, times learning rate 1.
@@ -109,8 +109,8 @@ def test_generator_step_never_reads_private_data():
   x, _ = _data(5)
   x2 = x.copy()
   x2[0] = 1.0 - x2[0]  # neighbouring data set: one example changed
-  gan_a.discriminator_step(x)
-  gan_b.discriminator_step(x2)
+  gan_a.discriminator_step(x, dataset_size=40)
+  gan_b.discriminator_step(x2, dataset_size=40)
   assert any(not np.allclose(a, b) for a, b in zip(_weights(gan_a.discriminator),
                                                    _weights(gan_b.discriminator)))
   for va, vb in zip(gan_a.discriminator.trainable_variables,
@@ -467,7 +467,7 @@ def test_conditional_discriminator_update_is_the_clipped_real_sum_plus_fake_mean
   expected = [e / gan.expected_batch_size + f for e, f in zip(expected, fake_grads)]
   assert max(norms) > gan.l2_norm_clip  # clipping is active for some example
   before = _weights(d)
-  gan.discriminator_step(x, y)
+  gan.discriminator_step(x, y, dataset_size=40)
   for b, a, e in zip(before, _weights(d), expected):
     np.testing.assert_allclose(b - a, e.numpy(), rtol=1e-4, atol=1e-6)
 
@@ -517,3 +517,30 @@ def test_tstr_classifier_argument_checks():
     generative.tstr_accuracy(x, y, x, y, num_classes=3, classifier="svm")
   with pytest.raises(ValueError, match=r"classifier='cnn' needs images \[H, W, C\]"):
     generative.tstr_accuracy(x[:, :8, :8], y, x[:, :8, :8], y, num_classes=3, classifier="cnn")
+
+
+def test_direct_discriminator_steps_are_accounted_or_refused():
+  # Was: discriminator_step before fit trained on real data and recorded nothing
+  # (epsilon() == 0.0).  Now it needs the dataset size (or a previous fit) and records each
+  # step as a Poisson-sampled Gaussian step of q = expected_batch_size / N.
+  from dp_references import dp_accounting, dp_rdp  # pylint: disable=g-import-not-at-top
+  from analysis.rdp_accountant import DEFAULT_ORDERS  # pylint: disable=g-import-not-at-top
+  gan = _gan(noise_multiplier=1.1)
+  x, _ = _data(4)
+  before = _weights(gan.discriminator)
+  with pytest.raises(ValueError, match="dataset_size"):
+    gan.discriminator_step(x)
+  for after, refused in zip(_weights(gan.discriminator), before):
+    np.testing.assert_array_equal(after, refused)  # refused before touching the data
+  assert gan.epsilon() == 0.0 and gan.accountant.steps == 0
+  for bad in (3, 0, 2.5, True):  # N must be an integer >= expected_batch_size (4)
+    with pytest.raises(ValueError, match="dataset_size"):
+      gan.discriminator_step(x, dataset_size=bad)
+  for _ in range(3):
+    gan.discriminator_step(x, dataset_size=40)
+  assert gan.accountant.steps == 3
+  dpa = dp_accounting()
+  reference = dp_rdp().RdpAccountant([o for o in DEFAULT_ORDERS if math.isfinite(o)])
+  reference.compose(dpa.PoissonSampledDpEvent(4.0 / 40, dpa.GaussianDpEvent(1.1)), 3)
+  assert gan.epsilon() > 0
+  assert gan.epsilon() == pytest.approx(reference.get_epsilon(1e-5), rel=1e-6)

@@ -164,7 +164,7 @@ def test_optimizer_refusals():
                                                             learning_rate=0.1)
     w = tf.Variable(tf.ones([2]))
     optimizer.compute_gradients(lambda: tf.reduce_sum(w) * tf.ones([3]), [w])
-  with pytest.raises(ValueError, match="adaptive_clipping is not supported with per-layer"):
+  with pytest.raises(ValueError, match="adaptive_clipping cannot be combined with per-layer"):
     tf_dpkit.DPGradientDescentGaussianOptimizer(LayerClipNorms({"a": 1.0}), 1.0,
                                                 learning_rate=0.1, adaptive_clipping=True,
                                                 expected_batch_size=100.0)

@@ -347,26 +347,49 @@ class DPGAN:
     self.generator_optimizer.apply(grads, variables)
     return {"generator_loss": loss}
 
-  def discriminator_step(self, x_real, y_real=None, weight=None):
+  def discriminator_step(self, x_real, y_real=None, weight=None, *, dataset_size=None):
     """Runs one private discriminator step on a real batch and records it in the accountant.
+
+    Every step that reads real data is accounted: as one Poisson-sampled Gaussian step of
+    sampling probability ``q = expected_batch_size / N`` and noise multiplier
+    ``noise_multiplier``.  The batch must be a Poisson sample of the N training examples with
+    that q (e.g. ``poisson_batches(data, expected_batch_size=...)``); a batch chosen any other
+    way is not covered by the recorded epsilon.  Use :meth:`fit` for training.
 
     Args:
       x_real: ``[b, *image_shape]`` float images (a Poisson batch, b >= 1).
       y_real: ``[b, K]`` one-hot labels (conditional) or None.
       weight: ``[b]`` example weights from ``poisson_batches`` (default ones).
+      dataset_size: N, an integer >= ``expected_batch_size``; may be omitted after :meth:`fit`
+        (which sets it from its data).  Given, it sets N for this and later direct steps.
 
-    Use :meth:`fit` for training: the accountant here records a step of sampling probability
-    ``expected_batch_size / N`` only when :meth:`fit` has set N.
+    Raises:
+      ValueError: N is unknown (no ``dataset_size`` and no earlier :meth:`fit`) or out of
+        range; nothing is trained then.
     """
+    if dataset_size is not None:
+      n = _checks.check_integer("dataset_size", dataset_size, minimum=1)
+      if n < self.expected_batch_size:
+        raise ValueError(f"dataset_size must be an integer >= expected_batch_size="
+                         f"{self.expected_batch_size:g}, got {dataset_size!r}.")
+      q = self.expected_batch_size / n
+    else:
+      q = getattr(self, "_sampling_probability", None)
+      if q is None:
+        raise ValueError(
+            "discriminator_step reads real data, so its privacy cost must be recorded: pass "
+            "dataset_size=N (the number of training examples the Poisson batch was drawn "
+            "from, sampling probability expected_batch_size / N) or call fit first.")
     x_real = tf.convert_to_tensor(x_real, tf.float32)
     if weight is None:
       weight = tf.ones([tf.shape(x_real)[0]], tf.float32)
     if (y_real is None) != (self.num_classes is None):
       raise ValueError("y_real must be given exactly when num_classes is set.")
     y_real = None if y_real is None else tf.convert_to_tensor(y_real, tf.float32)
+    self._sampling_probability = q
     logs = self._d_step(*self._padded(x_real, y_real, tf.convert_to_tensor(weight, tf.float32)))
-    if getattr(self, "_sampling_probability", None) is not None:
-      self.accountant.record(self._sampling_probability, self.noise_multiplier, 1)
+    self.accountant.record(q, self.noise_multiplier, 1)
+    self._write_ledger()
     return logs
 
   def generator_step(self):

@@ -33,7 +33,10 @@ several examples, as without accumulation).  This holds for
 * **shuffled batches**, when the ``k`` micro-batches are consecutive parts of one epoch's
   permutation: a logical batch of ``k b`` distinct examples, ``steps_per_epoch / k`` logical
   steps per epoch (``k`` must divide the micro-batches per epoch, else a logical batch would
-  straddle two permutations and could hold one example twice).
+  straddle two permutations and could hold one example twice).  This is checked, not
+  repaired: ``fit`` on in-memory arrays (:func:`check_array_epochs`) refuses a batch count
+  per epoch (or ``steps_per_epoch``) that ``k`` does not divide, with or without a
+  ``PrivacyBudget``.
 
 Why the Poisson chunk count is fixed.  The optimizer must know, without looking at the data,
 which micro-step ends a logical batch.  A data-dependent chunk count (``ceil(|B| / P)``) would
@@ -226,6 +229,40 @@ def check_fit(model, pipeline) -> None:
     return
   _check_strategy(model.distribute_strategy, k)
   accumulation.discard()
+
+
+def check_array_epochs(optimizer, num_examples: int, batch_size: int,
+                       steps_per_epoch=None) -> None:
+  """Before ``fit`` of a DP model on in-memory arrays: refuses virtual batches that could
+  straddle two epochs.
+
+  Keras cuts each epoch's fresh permutation of the N examples into ``ceil(N / batch_size)``
+  batches.  A logical batch is ``k`` consecutive micro-batches; when the batches per pass (and
+  ``steps_per_epoch``, when given) are not multiples of ``k``, one logical batch takes its
+  first micro-batches from one permutation and the rest from the next, so it can hold one
+  example twice and its released sum moves by ``2C`` when that example is removed, which
+  no epsilon computed for sensitivity ``C`` covers.  Raises ``ValueError`` then (nothing runs).
+  """
+  accumulation = getattr(optimizer, "_dp_accumulation", None)
+  if accumulation is None:
+    return
+  k = accumulation.steps
+  per_pass = max(1, math.ceil(num_examples / batch_size))
+  bad = [(what, value) for what, value in (
+      (f"N={num_examples} examples in batches of {batch_size} give {per_pass} batches per "
+       "epoch", per_pass),
+      (f"steps_per_epoch={steps_per_epoch}", steps_per_epoch)) if value is not None and value % k]
+  if bad:
+    whole = (per_pass - per_pass % k) * batch_size
+    fix = (f"e.g. train on the first {whole} examples" if whole else
+           f"e.g. a batch_size of at most {max(1, num_examples // k)}")
+    raise ValueError(
+        f"{bad[0][0]}, not a multiple of gradient_accumulation_steps={k}: a logical batch of "
+        f"{k} micro-batches would straddle two epochs, whose shuffles are independent, so it "
+        "could hold one example twice (the released sum would move by 2 C when it is "
+        "removed, twice what the noise is calibrated to). Make every epoch a whole number of "
+        f"logical batches ({fix}; steps_per_epoch, when given, a multiple of {k}), or use "
+        f"tf_dpkit.data.poisson_batches(..., gradient_accumulation_steps={k}).")
 
 
 def _check_strategy(strategy, k) -> None:

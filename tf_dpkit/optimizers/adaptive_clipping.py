@@ -17,7 +17,9 @@ Contract (the maths and the privacy argument are in ``analysis.adaptive_clipping
   ``privatize`` refuses a clipped sum clipped at anything else;
 * ``privatize`` then releases the clipped sum with noise ``N(0, (z_Delta C_t)^2 I)`` and the
   recentred count of unclipped examples (microbatches) ``sum_i (1[||g_i|| <= C_t] - 1/2)``
-  with noise ``N(0, sigma_b^2)``, with ``z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2``
+  with noise ``N(0, sigma_b^2)`` (a microbatch whose gradient is exactly zero, e.g. a weight-0
+  placeholder of an empty Poisson draw, contributes 0: :func:`recentred_bits`), with
+  ``z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2``
   (``analysis.adaptive_clipping.sum_noise_multiplier``): together one Gaussian mechanism of
   noise multiplier ``z``, so ``noise_multiplier``, the privacy ledger and ``PrivacyBudget`` are
   those of fixed-clip DP-SGD with ``z``;
@@ -99,6 +101,21 @@ class AdaptiveClipping:
       return cls(**value)
     raise TypeError(f"adaptive_clipping must be None, True, a tf_dpkit.AdaptiveClipping or its "
                     f"config dict, got {value!r} of type {type(value).__name__}.")
+
+
+def recentred_bits(norms, clip):
+  """Each microbatch's recentred bit in the unclipped count: ``+1/2`` when ``0 < norm <= C_t``,
+  ``-1/2`` when ``norm > C_t``, and ``0`` when its gradient is exactly zero (``norm == 0``).
+
+  A zero gradient is what a weight-0 row has (the Poisson pipeline's empty-draw placeholder,
+  padding rows) and what a zeroed non-finite example has: such a row contributes 0 to the
+  count as it does to the clipped sum, so a batch holding only the placeholder releases the
+  count of the empty batch (0 plus noise), and adding or removing any example still moves the
+  count by at most 1/2 (``analysis.adaptive_clipping``).  ``norms``: float32 [M]; ``clip``: a
+  float32 scalar.  Returns float32 [M].
+  """
+  half = tf.constant(0.5, tf.float32)
+  return tf.where(norms > 0.0, tf.where(norms <= clip, half, -half), tf.zeros_like(norms))
 
 
 class AdaptiveClipState:
@@ -188,8 +205,8 @@ class AdaptiveClipState:
   def release_count_and_update(self, clipped, dp_settings, step, normalizer):
     """Releases the noisy recentred unclipped count and assigns ``C_{t+1}``.
 
-    ``B~ = sum_i (1[norm_i <= C_t] - 1/2) + N(0, sigma_b^2)``; ``b~ = clamp(B~ / n + 1/2, 0,
-    1)``; ``C_{t+1} = C_t exp(-eta_C (b~ - gamma))``.  ``normalizer`` is ``n`` (a float32 scalar
+    ``B~ = sum_i bit_i + N(0, sigma_b^2)`` (:func:`recentred_bits`); ``b~ = clamp(B~ / n + 1/2,
+    0, 1)``; ``C_{t+1} = C_t exp(-eta_C (b~ - gamma))``.  ``normalizer`` is ``n`` (a float32 scalar
     tensor).  Returns ``C_{t+1}``.
 
     Under R replicas (``tf_dpkit.distribute.replica_noise``) each replica counts its own
@@ -200,8 +217,7 @@ class AdaptiveClipState:
     """
     clip = tf.cast(self.variable, tf.float32)
     norms = tf.cast(clipped.norms, tf.float32)
-    recentred = (tf.reduce_sum(tf.cast(norms <= clip, tf.float32))
-                 - 0.5 * tf.cast(tf.size(norms), tf.float32))
+    recentred = tf.reduce_sum(recentred_bits(norms, clip))
     stddev, replica, part = distribute.replica_noise(float(self.count_noise_stddev or 0))
     noisy = noise_lib.add_gaussian_noise(
         [recentred], stddev, dp_settings.noise_key, step, dp_settings.next_noise_draw(),

@@ -13,7 +13,7 @@ import tensorflow as tf
 from tf_dpkit.clipping import clipped_sum_from_vector_loss
 from tf_dpkit.clipping import groups as groups_lib
 from tf_dpkit.optimizers import accumulation as accumulation_lib
-from tf_dpkit.optimizers.adaptive_clipping import AdaptiveClipState
+from tf_dpkit.optimizers.adaptive_clipping import AdaptiveClipState, AdaptiveClipping
 from tf_dpkit.optimizers.base import CONSTRUCTOR_ARGS_DOC, DPOptimizerBase
 
 #: Rows x fields of the privacy ledger variable (format owned by ``tf_dpkit.budget``).
@@ -60,6 +60,28 @@ def _check_grads_match_variables(owner, grads, variables):
           "Pass the variables the private gradients were computed for, in the same order.")
 
 
+def _check_adaptive_combinations(adaptive_clipping, layer_clips, accumulation_steps):
+  """Refuses adaptive clipping with per-layer clip norms or gradient accumulation (ValueError
+  naming both arguments, why and what to use instead), before anything else is checked."""
+  if AdaptiveClipping.coerce(adaptive_clipping) is None:
+    return
+  if layer_clips is not None:
+    raise ValueError(
+        "adaptive_clipping cannot be combined with per-layer clip norms (layer_clip_norms / "
+        "LayerClipNorms): adaptive clipping adapts one global clip norm C_t from the noisy "
+        "count of examples whose whole gradient is within C_t, and no per-layer version of that "
+        "count is analysed. Use either per-layer clip norms with fixed clipping, or "
+        "adaptive_clipping with a single l2_norm_clip.")
+  if accumulation_steps > 1:
+    raise ValueError(
+        f"adaptive_clipping cannot be combined with gradient_accumulation_steps="
+        f"{accumulation_steps}: adaptive clipping releases the noisy unclipped count and updates "
+        "C_t at every micro-batch, while a virtual batch releases its noisy gradient sum once per "
+        "k micro-batches, so the clip norm would change inside one release. Use "
+        "gradient_accumulation_steps=1 (with a larger expected_batch_size if memory allows) or "
+        "a fixed l2_norm_clip.")
+
+
 def make_keras_dp_class(base):
   """Builds the DP subclass of the Keras 3 optimizer class ``base`` (see the factory)."""
 
@@ -98,14 +120,11 @@ def make_keras_dp_class(base):
           shape=PRIVACY_LEDGER_SHAPE, initializer="zeros", dtype="float64",
           name="dp_privacy_ledger")
       # Adaptive clipping (tf_dpkit.optimizers.adaptive_clipping): C_t is optimizer state too.
+      # What it cannot combine with is refused first, so the error names the real conflict
+      # (not a missing count_noise_stddev).
+      _check_adaptive_combinations(adaptive_clipping, layer_clips, steps)
       self._dp_adaptive = AdaptiveClipState.attach(self, adaptive_clipping, settings)
-      if self._dp_adaptive is not None and layer_clips is not None:
-        raise ValueError("adaptive_clipping is not supported with per-layer clip norms "
-                         "(LayerClipNorms): use one of them.")
       _check_schedules(settings, self._dp_accumulation)
-      if self._dp_adaptive is not None and self._dp_accumulation is not None:
-        raise ValueError("adaptive_clipping is not supported with gradient_accumulation_steps "
-                         "> 1 (the unclipped count is not accumulated); use one of them.")
 
     @property
     def privacy_ledger(self):
