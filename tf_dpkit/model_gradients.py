@@ -9,7 +9,10 @@
   Sequential models: per-example norms from layer inputs and output gradients, about the
   cost of a non-private step or a small multiple of it;
 * ``"vectorized"``: ``tf.vectorized_map`` of the whole model over microbatches (any model);
-* ``"auto"`` (default): ``"fast"`` when the model is a layer graph, else ``"vectorized"``.
+* ``"auto"`` (default): ``"fast"`` when the model is a layer graph whose every node is cleared
+  as per example (``tf_dpkit.clipping.independence``), else ``"vectorized"``; a graph refused
+  only because a layer may mix the examples of a batch is said so once (a ``UserWarning``
+  naming the layer).
 
 Both give the same clipped sum up to float round-off (tested).  On both, the loss must be per
 example (see ``tf_dpkit.clipping.examples``): one entry per example, computed from that example
@@ -20,11 +23,12 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tf_dpkit import augmentation as augmentation_lib
-from tf_dpkit.clipping import groups
+from tf_dpkit.clipping import groups, independence
 from tf_dpkit.clipping.examples import (per_example_loss_function, per_example_weights,
                                         pfor_is_safe)
-from tf_dpkit.clipping.fast_path import (check_examples_independent, clipped_sum_fast,
-                                         fast_path_available)
+from tf_dpkit.clipping.fast_path import (check_examples_independent,
+                                         check_fast_path_examples_independent, clipped_sum_fast,
+                                         graph_walkable)
 from tf_dpkit.clipping.per_example import clipped_sum_vectorized
 
 METHODS = ("auto", "fast", "vectorized")
@@ -34,14 +38,23 @@ def resolve_method(model, method):
   """Returns ``"fast"`` or ``"vectorized"`` for ``method`` in ``METHODS``."""
   if method not in METHODS:
     raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
-  if method == "auto":
-    return "fast" if fast_path_available(model) else "vectorized"
-  if method == "fast" and not fast_path_available(model):
+  if method == "vectorized":
+    return method
+  if not graph_walkable(model):
+    if method == "auto":
+      return "vectorized"
     raise ValueError(
         f"method='fast' needs a Keras functional or Sequential model (built with an Input) "
         f"that calls each trainable layer once and shares no variable between layers; "
         f"this {type(model).__name__} is not one. Use method='vectorized'.")
-  return method
+  if method == "fast":
+    check_fast_path_examples_independent(model)
+    return method
+  mixing = independence.batch_mixing(model)
+  if mixing is not None:
+    independence.warn_fast_path_refused(model, mixing)
+    return "vectorized"
+  return "fast"
 
 
 def clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_norm_clip,
@@ -65,6 +78,8 @@ def clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_no
     return clipped_sum_fast(model, per_example_loss_fn, (x, y, sample_weight), l2_norm_clip,
                             num_microbatches, loss_scale=loss_scale,
                             microbatch_size=microbatch_size)
+
+  independence.warn_if_single_example_gradients_not_finite(model, x)
 
   def microbatch_loss(inputs):
     x_mb, y_mb, w_mb = inputs

@@ -5,6 +5,10 @@ Models are drawn from the supported layer set: Dense, Conv2D, DepthwiseConv2D, E
 and without masks, SimpleRNN / GRU / LSTM, LayerNormalization, GroupNormalization (no rule),
 MultiHeadAttention, a custom layer with a registered rule, custom layers without one (one of
 them ``training``-dependent), a layer called twice (shared weights), and two-input models.
+Models with a weightless layer drawn from a small family that mixes the examples of a batch
+(``UnitNormalization`` / ``Softmax`` over axis 0, a minibatch standard deviation, MixUp with the
+next example, batch centring with ``keras.ops``) or does not (a per-example ``Lambda``) check
+that the fast path refuses what it cannot clear as per example and that ``"auto"`` stays bounded.
 Paths: the fast per-layer path (where available), the whole-model vectorized path, a custom
 ``tf.function`` loop through ``private_gradients``' clipping, and the vector-loss Jacobian path
 of the optimizers.  The default run draws a few models per path; ``pytest -m slow`` many more.
@@ -15,8 +19,10 @@ import keras
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tf_dpkit.clipping import per_example
-from tf_dpkit.clipping.fast_path import fast_path_available
+import warnings
+
+from tf_dpkit.clipping import independence, per_example
+from tf_dpkit.clipping.fast_path import fast_path_available, graph_walkable
 from tf_dpkit.clipping.rules import LayerTrace, LinearNorms, register_layer_rule
 from tf_dpkit.clipping.testing import removal_sensitivity
 from tf_dpkit.model_gradients import clipped_sum_for_model
@@ -127,10 +133,39 @@ def _two_input_model(draw):
   return make, "two"
 
 
+def _minibatch_stddev(x):
+  std = tf.sqrt(tf.reduce_mean(tf.square(x - tf.reduce_mean(x, axis=0)), axis=0) + 1e-6)
+  return tf.concat([x, tf.broadcast_to(tf.reduce_mean(std), tf.shape(x[:, :1]))], axis=-1)
+
+
+# Weightless layers: all but "double" mix the examples of a batch.
+_WEIGHTLESS = {
+    "unit_norm_axis0": lambda h: keras.layers.UnitNormalization(axis=0)(h),
+    "softmax_axis0": lambda h: keras.layers.Softmax(axis=0)(h),
+    "minibatch_stddev": lambda h: keras.layers.Lambda(_minibatch_stddev)(h),
+    "mixup_next": lambda h: keras.layers.Lambda(lambda x: 0.6 * x + 0.4 * tf.roll(x, 1, 0))(h),
+    "ops_centring": lambda h: h - keras.ops.mean(h, axis=0, keepdims=True),
+    "double": lambda h: keras.layers.Lambda(lambda x: 2.0 * x)(h),
+}
+
+
+def _weightless_model(draw):
+  kind = draw(st.sampled_from(sorted(_WEIGHTLESS)))
+  before = draw(st.booleans())  # the mixing layer before or after the hidden Dense
+
+  def make():
+    inputs = keras.Input((4,))
+    h = _WEIGHTLESS[kind](inputs) if before else inputs
+    h = keras.layers.Dense(4, activation="tanh")(h)
+    h = h if before else _WEIGHTLESS[kind](h)
+    return keras.Model(inputs, keras.layers.Dense(3)(h))
+  return make, "float"
+
+
 @st.composite
-def cases(draw):
-  builder = draw(st.sampled_from([_features_model, _tokens_model, _image_model,
-                                  _two_input_model]))
+def cases(draw, builders=None):
+  builder = draw(st.sampled_from(builders or [_features_model, _tokens_model, _image_model,
+                                              _two_input_model, _weightless_model]))
   make, kind = builder(draw)
   seed = draw(st.integers(0, 2**16))
   batch = draw(st.integers(2, 5))
@@ -165,8 +200,10 @@ def _check(model, x, y, clip, method):
   step = (tf.function(lambda xs, ys: clipped_sum_for_model(model, SCE, xs, ys, None, clip)[0].grads)
           if method == "loop" else
           lambda xs, ys: clipped_sum_for_model(model, SCE, xs, ys, None, clip, None, method)[0].grads)
-  sensitivity = removal_sensitivity(lambda keep: step(_gather(x, keep), tf.gather(y, keep)),
-                                    int(y.shape[0]))
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="tf_dpkit")  # "auto" says it left the fast path
+    sensitivity = removal_sensitivity(lambda keep: step(_gather(x, keep), tf.gather(y, keep)),
+                                      int(y.shape[0]))
   assert sensitivity <= clip * (1 + TOL), (method, sensitivity / clip)
 
 
@@ -183,10 +220,14 @@ def _check_vector_loss(model, x, y, clip):
 def _property(case, method):
   model, x, y, clip = _materialise(case)
   if method == "fast" and not fast_path_available(model):
-    with pytest.raises(ValueError, match="shares no variable between layers"):
+    with pytest.raises(ValueError, match="shares no variable between layers|not known to treat"):
       clipped_sum_for_model(model, SCE, x, y, None, clip, None, "fast")
-    return
+    if not graph_walkable(model):
+      return
+    method = "auto"  # refused for a layer that may mix the batch: what "auto" (fit) runs
   if method == "jacobian":
+    if independence.batch_mixing(model) is not None:
+      return  # the vector-loss interface takes the caller's batch loss as per example
     recurrent = any(isinstance(layer, keras.layers.RNN) for layer in model._flatten_layers())  # pylint: disable=protected-access
     if recurrent:  # pfor cannot take the Jacobian through a while loop; covered by the others
       return
@@ -208,6 +249,15 @@ _COMMON = dict(deadline=None, derandomize=True, print_blob=True,
 @settings(max_examples=6, **_COMMON)
 @given(case=cases())
 def test_removing_one_example_moves_the_clipped_sum_by_at_most_c(case, method):
+  _property(case, method)
+
+
+# Weightless layers drawn from the family above (most mix the batch), on the fast path (refused
+# for mixing layers, then "auto") and the vectorized path.
+@pytest.mark.parametrize("method", ["fast", "vectorized"])
+@settings(max_examples=4, **_COMMON)
+@given(case=cases(builders=[_weightless_model]))
+def test_weightless_layers_that_mix_the_batch_keep_the_bound(case, method):
   _property(case, method)
 
 

@@ -30,10 +30,31 @@ def graph_nodes(graph):
     yield from nodes
 
 
+def graph_depths(graph):
+  """``(depth, nodes)`` pairs of a functional graph (inputs have the largest depth)."""
+  return list(graph._nodes_by_depth.items())  # pylint: disable=protected-access
+
+
 def run_graph(graph, x, operation_fn):
   """Runs ``graph`` on inputs ``x`` calling ``operation_fn(layer)(*args, **kwargs)`` per node."""
   x = graph._standardize_inputs(x)  # pylint: disable=protected-access
   return graph._run_through_graph(x, operation_fn=operation_fn)  # pylint: disable=protected-access
+
+
+def node_input_tensors(node):
+  """The symbolic (Keras) tensors a graph node's call reads."""
+  return list(node.arguments.keras_tensors)
+
+
+def node_call_arguments(node, values):
+  """``(args, kwargs)`` of a graph node's call with each symbolic tensor ``t`` replaced by
+  ``values[id(t)]`` (other arguments as recorded)."""
+  return node.arguments.fill_in(values)
+
+
+def clear_added_losses(layer):
+  """Forgets the losses ``layer`` (and its sublayers) recorded with ``add_loss``."""
+  layer._clear_losses()  # pylint: disable=protected-access
 
 
 def training_call(layer):

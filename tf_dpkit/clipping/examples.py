@@ -46,16 +46,34 @@ _ISOLATED_LOSS_FUNCTIONS = tuple(getattr(keras.losses, name) for name in (
     "squared_hinge", "kl_divergence", "poisson") if hasattr(keras.losses, name))
 
 
+def _loss_axis(loss):
+  """The ``axis`` a Keras loss object (``LossFunctionWrapper``) reduces over, else None."""
+  owner = getattr(loss, "__self__", loss)
+  return (getattr(owner, "_fn_kwargs", None) or {}).get("axis")
+
+
 def loss_is_isolated_per_example(loss) -> bool:
   """True for Keras's own per-example losses (exact classes, their ``call`` methods and loss
-  functions): their value for one example never reads another example's entries."""
+  functions): their value for one example never reads another example's entries.
+
+  A loss object configured with an ``axis`` is isolated only for ``axis=-1`` or a positive
+  ``axis``: any other negative axis is the batch axis for some prediction rank (``axis=-2`` of
+  ``[B, K]`` predictions), so such a loss is evaluated on each example alone instead.  (``-1``
+  is the batch axis only of ``[B]`` predictions, whose reduction over it is a scalar, which
+  :func:`check_per_example_shape` refuses.)
+  """
   owner = getattr(loss, "__self__", loss)
-  return type(owner) in _ISOLATED_LOSS_CLASSES or any(loss is fn for fn in _ISOLATED_LOSS_FUNCTIONS)
+  if type(owner) in _ISOLATED_LOSS_CLASSES:
+    axis = _loss_axis(loss)
+    return axis is None or (isinstance(axis, int) and (axis == -1 or axis >= 1))
+  return any(loss is fn for fn in _ISOLATED_LOSS_FUNCTIONS)
 
 
 def check_loss_is_per_example(loss) -> None:
-  """Raises ``ValueError`` for a loss known to mix the examples of a batch, also given as a bound
-  method of such a loss object (``keras.losses.Circle().call``)."""
+  """Raises ``ValueError`` for a loss known to mix the examples of a batch: ``Circle``, and a
+  Keras loss object configured to reduce over axis 0 (``CategoricalCrossentropy(axis=0)``:
+  axis 0 is the batch axis for every prediction shape), also given as a bound method of such
+  a loss object (``keras.losses.Circle().call``)."""
   owner = getattr(loss, "__self__", None)  # a bound method: judge the loss it belongs to
   if owner is not None and owner is not loss:
     check_loss_is_per_example(owner)
@@ -64,6 +82,13 @@ def check_loss_is_per_example(loss) -> None:
         f"{getattr(loss, 'name', None) or getattr(loss, '__name__', loss)!r} compares examples "
         "within a batch, so one example's loss depends on the others and its gradient cannot be "
         "bounded by clipping. DP-SGD needs a loss computed from each example alone.")
+  axis = _loss_axis(loss)
+  axes = [axis] if isinstance(axis, int) else list(axis) if isinstance(axis, (list, tuple)) else []
+  if 0 in axes:
+    raise ValueError(
+        f"Loss {type(getattr(loss, '__self__', loss)).__name__}(axis={axis!r}) reduces over axis "
+        "0, the batch axis, so one example's loss depends on the others and its gradient "
+        "cannot be bounded by clipping. Use the axis of the classes or features (axis=-1).")
   inner = getattr(loss, "fn", None)  # keras.losses.LossFunctionWrapper
   if inner is not None and inner is not loss:
     check_loss_is_per_example(inner)

@@ -13,7 +13,12 @@ One forward pass runs the model's layer graph with each trainable layer executed
 
 Contract (what makes the bound ``||S(D) - S(D - x)|| <= C`` hold):
 
-* layers treat examples independently (no batch statistics; BatchNormalization is refused);
+* every node of the graph treats the examples of a batch independently (no batch statistics,
+  no shuffling or mixing along the batch axis): ``independence.batch_mixing`` clears each node
+  by its exact Keras class and configuration, or by a probe run once on a random batch.  A model
+  it does not clear is refused here and computes its per-example gradients on the vectorized
+  path, where each example's gradient is computed from that example alone (``"auto"`` says so
+  once, naming the layer).  BatchNormalization is refused on every path;
 * a trainable layer WITH a rule for its exact class is run by the rule; a trainable layer
   without one is called as Keras calls it, its ``call`` arguments (inputs, ``training``, masks,
   other arguments) are recorded, and that exact call is replayed on each example alone to get
@@ -47,6 +52,7 @@ import keras
 import tensorflow as tf
 
 from tf_dpkit.clipping import _keras_internals as internals
+from tf_dpkit.clipping import independence
 from tf_dpkit.clipping.clipped_sum import (at_least_float32, clip_factors, finite_entries,
                                            finite_rows, issue_clipped_sum, zero_rows)
 from tf_dpkit.clipping.examples import (isolated_per_example_losses, map_examples,
@@ -88,15 +94,19 @@ def _check_records_own_distinct_variables(records):
       seen[id(v)] = layer
 
 
-def fast_path_available(model) -> bool:
-  """True when ``model`` is a Keras layer graph the fast path can walk exactly.
-
-  False for subclassed models, for graphs that call one trainable layer more than once, and for
-  graphs in which two layers share a trainable variable (tied weights).
-  """
+def graph_walkable(model) -> bool:
+  """True when ``model`` is a Keras layer graph the fast path can walk exactly: False for
+  subclassed models, for graphs that call one trainable layer more than once, and for graphs in
+  which two layers share a trainable variable (tied weights)."""
   graph = internals.layer_graph(model)
   return (graph is not None and not _shared_trainable_layers(graph)
           and not _variables_of_several_layers(graph))
+
+
+def fast_path_available(model) -> bool:
+  """True when the fast path's bound holds for ``model``: it is walkable (:func:`graph_walkable`)
+  and every node of its graph is cleared as per example (``independence.batch_mixing``)."""
+  return graph_walkable(model) and independence.batch_mixing(model) is None
 
 
 def example_mixing_layers(model) -> list:
@@ -115,6 +125,18 @@ def check_examples_independent(model):
         f"Layer {mixing[0].name!r} is BatchNormalization, which mixes examples in a batch and "
         "breaks per-example privacy. Use keras.layers.GroupNormalization or "
         "LayerNormalization.")
+
+
+def check_fast_path_examples_independent(model):
+  """Raises ``ValueError`` naming the first node of ``model``'s graph that is not cleared as
+  per example (``independence.batch_mixing``): the fast path runs the forward pass on the
+  whole batch, so such a node could carry one example into every other example's gradient."""
+  mixing = independence.batch_mixing(model)
+  if mixing is not None:
+    raise ValueError(
+        f"The fast clipping path cannot be used: {independence.describe(mixing)}. Use "
+        "method='vectorized' (DPModel.per_example_method = 'vectorized', or 'auto'), which "
+        "computes each example's gradient from that example alone.")
 
 
 def _run_rule(rule, layer, inputs, finite_examples):
@@ -308,6 +330,7 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
     raise ValueError(f"The fast path cannot handle variables shared by several layers: {tied}; "
                      "use the vectorized path.")
   check_examples_independent(model)
+  check_fast_path_examples_independent(model)
   microbatch_size = check_grouping(num_microbatches, microbatch_size)
   x, y, sample_weight = inputs
   batch = tf.shape(tf.nest.flatten(x)[0])[0]
