@@ -544,3 +544,11 @@ def test_direct_discriminator_steps_are_accounted_or_refused():
   reference.compose(dpa.PoissonSampledDpEvent(4.0 / 40, dpa.GaussianDpEvent(1.1)), 3)
   assert gan.epsilon() > 0
   assert gan.epsilon() == pytest.approx(reference.get_epsilon(1e-5), rel=1e-6)
+
+
+def test_a_dpgan_holding_its_noise_key_refuses_pickle():
+  # Was: pickling a DPGAN failed only by accident (the optimizer's dynamic class), without
+  # saying why.  It holds the discriminator optimizer's secret noise key.
+  import pickle  # pylint: disable=g-import-not-at-top
+  with pytest.raises(TypeError, match="holds the secret noise key: it cannot be pickled"):
+    pickle.dumps(_gan(noise_multiplier=1.0))

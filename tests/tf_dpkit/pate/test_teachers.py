@@ -146,3 +146,13 @@ def test_small_pate_pipeline_end_to_end():
 def test_student_arguments_are_checked(kwargs, match):
   with pytest.raises(ValueError, match=match):
     pate.train_student(np.zeros((4, 8, 8)), np.zeros(4, np.int64), **kwargs)
+
+
+def test_teachers_trained_without_privacy_refuse_pickle_but_copy_in_process():
+  # Was: pickle.dumps(ensemble) wrote the non-private teachers (their weights) to bytes.
+  import copy  # pylint: disable=g-import-not-at-top
+  import pickle  # pylint: disable=g-import-not-at-top
+  ensemble = pate.TeacherEnsemble(2, (8, 8, 1), 3, conv_filters=(2,), hidden_units=0)
+  with pytest.raises(TypeError, match="TeacherEnsemble holds teachers trained without privacy"):
+    pickle.dumps(ensemble)
+  assert copy.copy(ensemble).num_teachers == 2
