@@ -236,6 +236,14 @@ def _float_outputs(outputs, batch):
   return flat
 
 
+def _restore(variables, saved):
+  """Assigns back the values a probe changed (only those: a variable made under a distribution
+  strategy is then written only where a probed layer really changed it)."""
+  for v, value in zip(variables, saved):
+    if not np.array_equal(v.numpy(), value, equal_nan=True):
+      v.assign(value)
+
+
 class _Mixes(Exception):
   pass
 
@@ -304,8 +312,7 @@ def _probe(node) -> Optional[str]:
     return (f"the probe could not run it on a random batch ({type(error).__name__}: "
             f"{str(error).splitlines()[0] if str(error) else ''})")
   finally:
-    for v, value in zip(variables, saved):
-      v.assign(value)
+    _restore(variables, saved)
     if hasattr(op, "_clear_losses"):
       internals.clear_added_losses(op)
 
@@ -435,8 +442,7 @@ def warn_if_single_example_gradients_not_finite(model, x) -> None:
     except Exception:  # pylint: disable=broad-except
       return True  # the check is advisory: a model it cannot run is left to the step itself
     finally:
-      for v, value in zip(state, saved):
-        v.assign(value)
+      _restore(state, saved)
       internals.clear_added_losses(model)
   if _eagerly(single_example_finite):
     return
