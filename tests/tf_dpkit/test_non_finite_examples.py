@@ -259,3 +259,96 @@ def test_check_class_labels_leaves_float_labels_to_the_finite_check():
   with pytest.raises(ValueError, match=r"labels must be class ids in \[0, 2\).*first 5 in "
                                        r"example 1"):
     poisson.check_class_labels(np.array([[0], [5]]), 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Property: random models of the supported layer set, random batches, one example corrupted at
+# a random place: it contributes 0 and removing any example moves the sum by at most C.
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+_FLOAT_KINDS = ["dense", "conv", "depthwise", "layernorm", "masked_sequence", "replayed"]
+
+
+@st.composite
+def _corrupted_cases(draw):
+  kind = draw(st.sampled_from(_FLOAT_KINDS + ["embedding", "attention"]))
+  corruptions = ["nan_y", "inf_loss"] + (["inf_x", "nan_x"] if kind in _FLOAT_KINDS else [])
+  return (kind, draw(st.sampled_from(corruptions)), draw(st.integers(3, 6)),
+          draw(st.integers(0, 2**16)), draw(st.sampled_from([None, 1])))
+
+
+@settings(max_examples=5, deadline=None, derandomize=True, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=_corrupted_cases())
+def test_property_a_corrupted_example_contributes_zero_on_random_models(case):
+  kind, corruption, batch, seed, weighted = case
+  model = _model(kind)
+  x, y, loss = _batch(kind, corruption, batch=batch, seed=seed)
+  weights = (None if weighted is None else
+             np.random.default_rng(seed).uniform(0.5, 2.0, batch).astype(np.float32))
+  _assert_contributes_zero(_model_sum(model, x, y, loss, "fast", sample_weight=weights), batch)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Distributed replicas: under MirroredStrategy (2 logical CPUs, in a fresh process, since devices
+# are configured before TensorFlow starts) the replica holding the NaN example contributes 0 for
+# it: the update equals the single-device one and -lr * (clipped sum of the others) / B.
+
+_DISTRIBUTED_SCRIPT = r'''
+import json, sys
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras
+import tf_dpkit
+from tf_dpkit.model_gradients import clipped_sum_for_model
+
+B, BAD = 8, 1
+rng = np.random.default_rng(0)
+x = rng.normal(size=(B, 3)).astype(np.float32)
+y = rng.normal(size=(B, 2)).astype(np.float32)
+x[BAD, 0] = np.nan
+def loss(y_true, y_pred):
+  return tf.reduce_mean(tf.square(y_true - y_pred), axis=-1)
+
+def update(strategy):
+  with strategy.scope():
+    keras.utils.set_random_seed(1)
+    model = tf_dpkit.DPSequential([keras.Input((3,)), keras.layers.Dense(2)])
+    before = [w.copy() for w in model.get_weights()]
+    opt = tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 0.0, learning_rate=1.0, seed=3)
+    model.compile(opt, loss=loss)
+  model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+  return model, before, np.concatenate([(a - b).ravel() for a, b in zip(model.get_weights(), before)])
+
+model, before, distributed = update(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+_, _, single = update(tf.distribute.get_strategy())
+model.set_weights(before)
+keep = np.delete(np.arange(B), BAD)
+ref, _ = clipped_sum_for_model(model, loss, tf.constant(x[keep]), tf.constant(y[keep]), None, 1.0)
+expected = -np.concatenate([g.numpy().ravel() for g in ref.grads]) / B
+print("RESULT " + json.dumps({"distributed": distributed.tolist(), "single": single.tolist(),
+                              "expected": expected.tolist()}))
+'''
+
+
+def test_mirrored_replicas_leave_the_non_finite_example_out():
+  import json
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+             TF_CPP_MIN_LOG_LEVEL="3")
+  proc = subprocess.run([sys.executable, "-c", _DISTRIBUTED_SCRIPT], capture_output=True,
+                        text=True, timeout=600, env=env, cwd=root)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  assert lines, proc.stdout[-2000:] + proc.stderr[-3000:]
+  result = {k: np.array(v) for k, v in json.loads(lines[0][len("RESULT "):]).items()}
+  assert np.all(np.isfinite(result["distributed"]))
+  assert np.abs(result["expected"]).max() > 1e-2  # a real update
+  np.testing.assert_allclose(result["distributed"], result["single"], atol=1e-6)
+  np.testing.assert_allclose(result["distributed"], result["expected"], atol=1e-6)
