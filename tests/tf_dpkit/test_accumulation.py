@@ -361,10 +361,17 @@ def test_fit_refuses_a_pipeline_split_another_number_of_ways():
 def test_budget_refuses_poisson_micro_batches_that_are_not_one_split_batch():
   x = np.zeros((50, 4), np.float32)
   y = np.zeros(50, np.int32)
-  untagged = poisson_batches((x, y), expected_batch_size=5, steps=3, seed=0).prefetch(1)
+  tagged = poisson_batches((x, y), expected_batch_size=5, steps=3, seed=0)
+  # Re-emitted by a generator, the batches carry no pipeline tag: the budget's own check.
+  untagged = tf.data.Dataset.from_generator(tagged.as_numpy_iterator,
+                                            output_signature=tagged.element_spec)
   with pytest.raises(ValueError, match="Independent Poisson micro-batches can hold one "
                                        "example twice"):
     _fit(3, 1, budget=PrivacyBudget(0.1, 1e-5), data=untagged, epochs=1, steps_per_epoch=3)
+  # Derived by prefetch, they keep the tag and are refused before the budget is asked.
+  with pytest.raises(ValueError, match="split into 1 chunk"):
+    _fit(3, 1, budget=PrivacyBudget(0.1, 1e-5), data=tagged.prefetch(1), epochs=1,
+         steps_per_epoch=3)
 
 
 def test_budget_refuses_fixed_size_micro_batches_that_straddle_epochs_or_miscount():

@@ -22,7 +22,10 @@ batch size*) and variance ``qN(1 - q)``.  :func:`poisson_batches` implements exa
   second ``for``) emits the batches of steps ``p * steps ... (p + 1) * steps - 1``, so no batch
   is ever released twice while the ledger counts it as a fresh sample.  Transformations that
   could replay batches (``cache``, ``snapshot``) or change the mechanism are refused by the DP
-  models' ``fit`` (:func:`pipeline_of`).
+  models' ``fit`` (:func:`pipeline_of`).  (The pass counter is a stateful op, so, as before,
+  TensorFlow refuses to checkpoint a Poisson pipeline's iterator.)  The shuffle pipeline
+  replays its permutations on a second pass: harmless, since it is accounted per epoch as a
+  pass holding every example once, which a replayed permutation still is.
 * The selected examples are gathered in ascending index order.  There is NO cap and no
   padding to a fixed size: a cap (truncating large draws) or a fixed-size resample would change
   the mechanism away from the one that is accounted.  Batches therefore have variable size, and
@@ -895,7 +898,7 @@ def shuffled_batches(data, batch_size: int, epochs: int, seed: int | None = None
   def element(indices):
     return _gather(structure, indices, tf.ones(tf.shape(indices), tf.float32))
 
-  batches = _Passes().indices(epochs).flat_map(epoch_batches)
+  batches = tf.data.Dataset.range(epochs).flat_map(epoch_batches)
   if chunks == 1:
     dataset = batches.map(element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   else:
