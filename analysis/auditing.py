@@ -382,7 +382,8 @@ def tpr_at_fpr(scores_members, scores_nonmembers, fpr: float,
       between the two neighbouring thresholds achieves), >= the step value.
 
   Args:
-    scores_members, scores_nonmembers: as for :func:`roc_curve`.
+    scores_members: as for :func:`roc_curve`.
+    scores_nonmembers: as for :func:`roc_curve`.
     fpr: the false-positive rate, in [0, 1].
     interpolation: ``"step"`` or ``"linear"``.
   """

@@ -333,7 +333,9 @@ def compute_noise_multiplier_for_training(target_epsilon: float, target_delta: f
     microbatch_size: examples per clipped microbatch, integer >= 1 (> 1 halves the effective
       noise, so the returned sigma is about twice as large).
     steps_per_epoch: batches per epoch for ``"shuffle"``, integer >= 1.
-    accountant, orders, tolerance: as in :func:`compute_noise_multiplier`.
+    accountant: as in :func:`compute_noise_multiplier`.
+    orders: as in :func:`compute_noise_multiplier`.
+    tolerance: as in :func:`compute_noise_multiplier`.
 
   Returns:
     The noise multiplier (noise std / clipping norm); 0.0 when nothing is released (0 steps)

@@ -206,10 +206,11 @@ def compute_dp_sgd_privacy(n: int, batch_size: int, noise_multiplier: float, epo
       k): once per epoch exactly (a Gaussian with noise multiplier divided by k, see
       ``analysis.dp_sgd``), and under Poisson sampling by group privacy
       (``analysis.accountant.group_privacy_epsilon``).
-    tuning_runs_mean, tuning_shape: both None (default), or E[K] (finite, >= 1) and the shape
+    tuning_runs_mean: both None (default), or E[K] (finite, >= 1) and the shape
       (in (-1, inf) or inf) of the number K of tuning runs: then ``tuned_epsilon`` is the
       epsilon of the best of K Poisson-sampled runs (``analysis.tuning.tuned_epsilon`` on this
       run's event, RDP over ``orders`` whatever ``accountant``: no PLD bound is known here).
+    tuning_shape: see ``tuning_runs_mean`` (described together).
 
   Returns:
     A :class:`DpSgdPrivacy`; ``str()`` of it is the plain-English statement.

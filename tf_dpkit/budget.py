@@ -98,8 +98,9 @@ class PrivacyAccountant:
         (``analysis.dp_sgd``).
       microbatch_size: examples per microbatch (>= 1).
       steps_per_epoch: required for ``"shuffle"``: batches per pass over the data.
-      dataset_size, batch_size: required for ``"without_replacement"`` (N and the fixed batch
+      dataset_size: required for ``"without_replacement"`` (N and the fixed batch
         size).
+      batch_size: see ``dataset_size`` (described together).
 
     Raises:
       ValueError: an argument out of range or missing for the sampling (named in the message).

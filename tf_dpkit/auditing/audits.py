@@ -111,8 +111,9 @@ def many_run_audit(scores_with, scores_without, *, delta: float = 0.0,
   the threshold independent of the counts it is evaluated on, which the bound needs.
 
   Args:
-    scores_with, scores_without: 1-D float scores of runs trained with and without the canary
+    scores_with: 1-D float scores of runs trained with and without the canary
       (each at least 2 runs; higher = "with").
+    scores_without: see ``scores_with`` (described together).
     delta: in [0, 1); confidence: in (0, 1).
   """
   with_ = np.asarray(scores_with, np.float64)

@@ -172,7 +172,8 @@ class DPGAN:
       number > 0 (and <= N, checked by :meth:`fit`); also (rounded, >= 1) the number of fake
       examples per discriminator step and per generator step.
     discriminator_steps: k, an integer >= 1: discriminator steps per generator step.
-    discriminator_learning_rate, generator_learning_rate: finite numbers > 0.
+    discriminator_learning_rate: finite numbers > 0.
+    generator_learning_rate: see ``discriminator_learning_rate`` (described together).
     optimizer: ``"adam"`` (``beta_1`` below; the usual GAN choice), ``"rmsprop"`` (WGAN's)
       or ``"sgd"``, for both networks (the discriminator's is the tf_dpkit DP version).
     beta_1: Adam's first-moment decay, in [0, 1); default 0.5.

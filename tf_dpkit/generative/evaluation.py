@@ -92,8 +92,10 @@ def tstr_accuracy(x_synthetic, y_synthetic, x_test, y_test, *, num_classes=10, e
   classifier (the test suite checks this).
 
   Args:
-    x_synthetic, y_synthetic: ``[n, ...]`` images and ``[n]`` integer labels in ``[0, K)``.
-    x_test, y_test: the real test images (same image shape) and labels.
+    x_synthetic: ``[n, ...]`` images and ``[n]`` integer labels in ``[0, K)``.
+    y_synthetic: see ``x_synthetic`` (described together).
+    x_test: the real test images (same image shape) and labels.
+    y_test: see ``x_test`` (described together).
     num_classes: K >= 2; epochs, batch_size: integers >= 1; learning_rate: > 0 (Adam).
     seed: integer seed of the classifier's initialisation and shuffling
       (``keras.utils.set_random_seed``, which also reseeds Python, NumPy and TensorFlow).
@@ -140,8 +142,9 @@ def mnist_feature_extractor(x_train=None, y_train=None, *, epochs=2, seed=0):
   process by (data fingerprint, epochs, seed): the classifier is trained once.
 
   Args:
-    x_train, y_train: float images ``[n, 28, 28, 1]`` in [0, 1] and labels; default: the full
+    x_train: float images ``[n, 28, 28, 1]`` in [0, 1] and labels; default: the full
       real MNIST training set (``tf_dpkit.data.mnist.load()``).
+    y_train: see ``x_train`` (described together).
     epochs: integer >= 1; seed: integer >= 0.
 
   Returns:

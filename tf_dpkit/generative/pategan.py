@@ -254,11 +254,14 @@ class PATEGAN:
       that output ``t`` depends only on input slice ``t`` and teacher ``t``'s weights.  Layers
       that mix examples (BatchNormalization) are refused (module docstring).
     teacher_batch_size: real (and fake) examples per teacher per teacher step, integer >= 1.
-    teacher_steps, student_steps: integers >= 1 per iteration.
+    teacher_steps: integers >= 1 per iteration.
+    student_steps: see ``teacher_steps`` (described together).
     student_batch_size: generated examples labelled by the teachers per student step (PATE
       queries), integer >= 1.
     generator_batch_size: examples per generator step, integer >= 1.
-    teacher_learning_rate, student_learning_rate, generator_learning_rate: finite, > 0 (Adam).
+    teacher_learning_rate: finite, > 0 (Adam).
+    student_learning_rate: see ``teacher_learning_rate`` (described together).
+    generator_learning_rate: see ``teacher_learning_rate`` (described together).
     beta_1: Adam's first-moment decay in [0, 1).
     seed: integer in [0, 2**62): public seed of the latent noise, fake labels and teacher
       minibatch positions.  Weight initialisation is the caller's (``keras.utils.set_random_seed``).

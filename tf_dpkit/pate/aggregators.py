@@ -168,7 +168,9 @@ class LNMax(Aggregator):
   """PATE 2017's Laplace noisy max: ``argmax_j (n_j + Lap(laplace_scale))``, always answers.
 
   Args:
-    votes, seed, accountant: see :class:`Aggregator`.
+    votes: see :class:`Aggregator`.
+    seed: see :class:`Aggregator`.
+    accountant: see :class:`Aggregator`.
     laplace_scale: b, the Laplace scale in votes, finite and > 0 (PATE 2017 used b = 20,
       i.e. gamma = 1/b = 0.05, for MNIST); each answer is (2/b)-DP data-independently.
   """
@@ -196,7 +198,9 @@ class GNMax(Aggregator):
   """PATE 2018's Gaussian noisy max: ``argmax_j (n_j + N(0, sigma^2))``, always answers.
 
   Args:
-    votes, seed, accountant: see :class:`Aggregator`.
+    votes: see :class:`Aggregator`.
+    seed: see :class:`Aggregator`.
+    accountant: see :class:`Aggregator`.
     sigma: noise standard deviation in votes, finite and > 0.
   """
 
@@ -228,7 +232,9 @@ class ConfidentGNMax(Aggregator):
   ``Phi((max_j n_j - threshold) / sigma1)``.
 
   Args:
-    votes, seed, accountant: see :class:`Aggregator`.
+    votes: see :class:`Aggregator`.
+    seed: see :class:`Aggregator`.
+    accountant: see :class:`Aggregator`.
     threshold: T in votes, a finite real (PATE 2018's MNIST setting: 200 of 250 teachers).
     sigma1: std of the check's noise in votes, finite and > 0 (MNIST: 150).
     sigma2: std of the answer's noise in votes, finite and > 0 (MNIST: 40).
@@ -277,7 +283,12 @@ class InteractiveGNMax(ConfidentGNMax):
   trained on earlier answers only (post-processing), never from the private data.
 
   Args:
-    votes, threshold, sigma1, sigma2, seed, accountant: see :class:`ConfidentGNMax`.
+    votes: see :class:`ConfidentGNMax`.
+    threshold: see :class:`ConfidentGNMax`.
+    sigma1: see :class:`ConfidentGNMax`.
+    sigma2: see :class:`ConfidentGNMax`.
+    seed: see :class:`ConfidentGNMax`.
+    accountant: see :class:`ConfidentGNMax`.
     alpha: weight of the student's probabilities in votes, finite and >= 0; None means the
       number of teachers.
     gamma: the student's confidence level in [0, 1].
