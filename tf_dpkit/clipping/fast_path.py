@@ -291,32 +291,10 @@ def _call_with_rules(layer, subs, default_call, args, kwargs, records, batch, fi
   return outputs
 
 
-def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_microbatches=None,
-                     loss_scale=None, microbatch_size=None):
-  """Clipped sum of per-microbatch gradients of a functional/Sequential Keras model.
-
-  Args:
-    model: a built Keras functional or Sequential model (see :func:`fast_path_available`).
-    per_example_loss_fn: ``f(y_true, y_pred) -> [b]`` (or [b, ...], averaged per example, see
-      ``examples.per_example_loss_function``); it is applied to each example alone.
-    inputs: ``(x, y, sample_weight)`` with batch dimension B >= 1; ``sample_weight`` ([B] or
-      [B, 1]) multiplies each example's loss.
-    l2_norm_clip: clip norm C > 0, or per-layer clip norms resolved for ``model``
-      (``tf_dpkit.clipping.groups.ResolvedGroups``: each record's layer is clipped with its
-      group's norm).
-    num_microbatches: None (per example) or M dividing B.
-    loss_scale: optional static loss scale ``S > 0`` (mixed_float16): the backward pass is of
-      ``S * loss``; norms and sums are of the unscaled gradients, and a microbatch whose
-      gradients are non-finite contributes zero (see the module docstring).
-    microbatch_size: None, or k in [1, 1024] (not with ``num_microbatches``): microbatch j is
-      rows ``j*k .. (j+1)*k - 1``, M = B / k is known only when the step runs (Poisson
-      batches), and each microbatch's gradient is the MEAN ``(1/k) sum_r grad L_r`` of its
-      rows' gradients; its norm is formed from the same output gradients as every
-      microbatch's (augmentation multiplicity, ``tf_dpkit.augmentation``).
-
-  Returns:
-    ``(ClippedSum, y_pred)``; the sums are aligned with ``model.trainable_variables``.
-  """
+def check_fast_path_model(model):
+  """Returns ``model``'s layer graph after the checks the fast path's bound needs (a walkable
+  functional/Sequential graph, no layer known to mix examples, every node cleared as per
+  example); raises ``ValueError`` naming what fails."""
   graph = internals.layer_graph(model)
   if graph is None:
     raise ValueError(f"The fast path needs a Keras functional or Sequential model, got "
@@ -331,36 +309,18 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
                      "use the vectorized path.")
   check_examples_independent(model)
   check_fast_path_examples_independent(model)
-  microbatch_size = check_grouping(num_microbatches, microbatch_size)
-  x, y, sample_weight = inputs
-  batch = tf.shape(tf.nest.flatten(x)[0])[0]
-  sample_weight = per_example_weights(sample_weight, batch)
-  checks = [assert_nonempty(batch)]
-  if microbatch_size is not None:
-    # k consecutive rows per microbatch: M = B / k, a Python int when B is static (the rules
-    # then keep static shapes), else known when the step runs.
-    static_batch = tf.compat.dimension_value(tf.nest.flatten(x)[0].shape[0])
-    checks += rows_divisible_checks(batch, microbatch_size, static_batch)
-    groups = (batch // microbatch_size if static_batch is None
-              else static_batch // microbatch_size)
-  else:
-    # One microbatch per example: marked, so that rules keep static per-example shapes (and
-    # choose their cheaper form) when the batch size is unknown while tracing.
-    groups = per_example_groups(batch) if num_microbatches is None else num_microbatches
-  if num_microbatches is not None:
-    checks.append(tf.debugging.assert_equal(
-        batch % num_microbatches, 0,
-        message=f"num_microbatches={num_microbatches} must divide the batch size. For the last, "
-        "smaller batch use `drop_remainder=True` in the input pipeline, or "
-        "`num_microbatches=None` (one microbatch per example)."))
-  # Route every input through the checks, so that no op (e.g. a rule reshaping the raw input
-  # into microbatches) can fail with a less helpful error before they have run.
-  with tf.control_dependencies(checks):
-    x, y, sample_weight = tf.nest.map_structure(tf.identity, (x, y, sample_weight))
-  # max(M, 1): an empty batch must fail at the checks above (which a graph may run later),
-  # not with an integer division by zero.
-  group_size = batch // tf.maximum(groups, 1)  # examples per microbatch
-  per_group = tf.cast(group_size, tf.float32)
+  return graph
+
+
+def forward_with_rules(model, graph, x, batch):
+  """The fast path's forward phase: runs ``graph`` on ``x`` with each trainable layer executed
+  by its rule (or recorded for replay), under the caller's persistent ``GradientTape``.
+
+  Returns ``(y_pred, records, finite_examples)``: the model's outputs, one ``(layer,
+  LayerTrace)`` per trainable layer call, and the [B] flags of the examples whose rule inputs
+  were finite.  :func:`backward_with_rules` turns the records and the output gradients
+  ``dL/d trace.watched`` into the clipped sum.
+  """
   records = []
   finite_examples = []  # [B] flags: the example's row of a rule's input had no inf/NaN
   variables_before = {id(v) for v in model.trainable_variables}
@@ -393,13 +353,7 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
       return outputs
     return call
 
-  with tf.GradientTape(persistent=True) as tape:
-    y_pred = internals.run_graph(graph, x, operation_fn)
-    per_example = isolated_per_example_losses(per_example_loss_fn, y, y_pred, batch)
-    per_example *= tf.cast(sample_weight, per_example.dtype)
-    total = tf.reduce_sum(per_example) / tf.cast(per_group, per_example.dtype)
-    scale = 1.0 if loss_scale is None else float(loss_scale)
-    scaled_total = total * scale if loss_scale is not None else total
+  y_pred = internals.run_graph(graph, x, operation_fn)
   _check_records_own_distinct_variables(records)
   created = [v.path for v in model.trainable_variables if id(v) not in variables_before]
   if created:
@@ -408,8 +362,29 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
         "built on its first call), so their per-example gradients were not clipped. Call the "
         "model once on a batch before training (DPModel.fit does this) so that every weight "
         "exists.")
-  output_grads = tape.gradient(scaled_total, [trace.watched for _, trace in records],
-                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
+  return y_pred, records, finite_examples
+
+
+def backward_with_rules(model, tape, records, output_grads, finite_examples, per_example, groups,
+                        group_size, batch, scale, l2_norm_clip):
+  """The fast path's backward phase: output gradients -> per-microbatch norms -> clip factors
+  -> clipped sums (module docstring).
+
+  Args:
+    model: the model whose ``trainable_variables`` the sums are aligned with.
+    tape: the persistent tape the forward phase ran under (for layers whose rule forms its
+      clipped sum as a vector-Jacobian product).
+    records, finite_examples: from :func:`forward_with_rules`.
+    output_grads: per record, ``g = d(S * sum_i L_i / k) / d trace.watched`` ([B, ...]).
+    per_example: the [B] weighted per-example losses (non-finite ones leave their microbatch
+      out; their microbatch means are the sum's ``losses``).
+    groups: M (int or scalar tensor); ``group_size``: k = B / M; ``batch``: B.
+    scale: the static loss scale ``S`` (1.0 without one); ``l2_norm_clip``: as for
+      :func:`clipped_sum_fast`.
+  Returns:
+    the ``ClippedSum``.
+  """
+  per_group = tf.cast(group_size, tf.float32)
   # How per-microbatch norms are formed, in one place: a microbatch with an inf/NaN entry in
   # a rule's input (read as 0 there), in its weighted loss or in an output gradient (e.g. a
   # float16 overflow of the scaled backward pass) is zeroed before any norm (tf.where: its
@@ -456,7 +431,78 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
       grad = tf.cast(at_least_float32(tf.convert_to_tensor(grad)) / scale, v.dtype)
       i = index[id(v)]
       sums[i] = grad if sums[i] is None else sums[i] + grad
-  del tape
   sums = [tf.zeros_like(v) if s is None else s for v, s in zip(variables, sums)]
   losses = tf.reduce_sum(tf.reshape(per_example, [groups, -1]), axis=1) / per_group
-  return issue_clipped_sum(sums, norms, losses, l2_norm_clip), y_pred
+  return issue_clipped_sum(sums, norms, losses, l2_norm_clip)
+
+
+def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_microbatches=None,
+                     loss_scale=None, microbatch_size=None):
+  """Clipped sum of per-microbatch gradients of a functional/Sequential Keras model.
+
+  Args:
+    model: a built Keras functional or Sequential model (see :func:`fast_path_available`).
+    per_example_loss_fn: ``f(y_true, y_pred) -> [b]`` (or [b, ...], averaged per example, see
+      ``examples.per_example_loss_function``); it is applied to each example alone.
+    inputs: ``(x, y, sample_weight)`` with batch dimension B >= 1; ``sample_weight`` ([B] or
+      [B, 1]) multiplies each example's loss.
+    l2_norm_clip: clip norm C > 0, or per-layer clip norms resolved for ``model``
+      (``tf_dpkit.clipping.groups.ResolvedGroups``: each record's layer is clipped with its
+      group's norm).
+    num_microbatches: None (per example) or M dividing B.
+    loss_scale: optional static loss scale ``S > 0`` (mixed_float16): the backward pass is of
+      ``S * loss``; norms and sums are of the unscaled gradients, and a microbatch whose
+      gradients are non-finite contributes zero (see the module docstring).
+    microbatch_size: None, or k in [1, 1024] (not with ``num_microbatches``): microbatch j is
+      rows ``j*k .. (j+1)*k - 1``, M = B / k is known only when the step runs (Poisson
+      batches), and each microbatch's gradient is the MEAN ``(1/k) sum_r grad L_r`` of its
+      rows' gradients; its norm is formed from the same output gradients as every
+      microbatch's (augmentation multiplicity, ``tf_dpkit.augmentation``).
+
+  Returns:
+    ``(ClippedSum, y_pred)``; the sums are aligned with ``model.trainable_variables``.
+  """
+  graph = check_fast_path_model(model)
+  microbatch_size = check_grouping(num_microbatches, microbatch_size)
+  x, y, sample_weight = inputs
+  batch = tf.shape(tf.nest.flatten(x)[0])[0]
+  sample_weight = per_example_weights(sample_weight, batch)
+  checks = [assert_nonempty(batch)]
+  if microbatch_size is not None:
+    # k consecutive rows per microbatch: M = B / k, a Python int when B is static (the rules
+    # then keep static shapes), else known when the step runs.
+    static_batch = tf.compat.dimension_value(tf.nest.flatten(x)[0].shape[0])
+    checks += rows_divisible_checks(batch, microbatch_size, static_batch)
+    groups = (batch // microbatch_size if static_batch is None
+              else static_batch // microbatch_size)
+  else:
+    # One microbatch per example: marked, so that rules keep static per-example shapes (and
+    # choose their cheaper form) when the batch size is unknown while tracing.
+    groups = per_example_groups(batch) if num_microbatches is None else num_microbatches
+  if num_microbatches is not None:
+    checks.append(tf.debugging.assert_equal(
+        batch % num_microbatches, 0,
+        message=f"num_microbatches={num_microbatches} must divide the batch size. For the last, "
+        "smaller batch use `drop_remainder=True` in the input pipeline, or "
+        "`num_microbatches=None` (one microbatch per example)."))
+  # Route every input through the checks, so that no op (e.g. a rule reshaping the raw input
+  # into microbatches) can fail with a less helpful error before they have run.
+  with tf.control_dependencies(checks):
+    x, y, sample_weight = tf.nest.map_structure(tf.identity, (x, y, sample_weight))
+  # max(M, 1): an empty batch must fail at the checks above (which a graph may run later),
+  # not with an integer division by zero.
+  group_size = batch // tf.maximum(groups, 1)  # examples per microbatch
+  per_group = tf.cast(group_size, tf.float32)
+  with tf.GradientTape(persistent=True) as tape:
+    y_pred, records, finite_examples = forward_with_rules(model, graph, x, batch)
+    per_example = isolated_per_example_losses(per_example_loss_fn, y, y_pred, batch)
+    per_example *= tf.cast(sample_weight, per_example.dtype)
+    total = tf.reduce_sum(per_example) / tf.cast(per_group, per_example.dtype)
+    scale = 1.0 if loss_scale is None else float(loss_scale)
+    scaled_total = total * scale if loss_scale is not None else total
+  output_grads = tape.gradient(scaled_total, [trace.watched for _, trace in records],
+                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
+  clipped = backward_with_rules(model, tape, records, output_grads, finite_examples,
+                                per_example, groups, group_size, batch, scale, l2_norm_clip)
+  del tape
+  return clipped, y_pred
