@@ -23,7 +23,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tf_dpkit import augmentation as augmentation_lib
-from tf_dpkit.clipping import groups, independence
+from tf_dpkit.clipping import groups, independence, swap
 from tf_dpkit.clipping.examples import (per_example_loss_function, per_example_weights,
                                         pfor_is_safe)
 from tf_dpkit.clipping.fast_path import (check_examples_independent,
@@ -68,6 +68,14 @@ def clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_no
   form one microbatch whose gradient is the mean of its rows' gradients, clipped as one unit
   (augmentation multiplicity: the rows are one example's k augmented copies).
   """
+  # The model is called inside this path's own tapes: as Keras calls it (no swap tracing).
+  with swap.suspended():
+    return _clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_norm_clip,
+                                  num_microbatches, method, loss_scale, microbatch_size)
+
+
+def _clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_norm_clip,
+                           num_microbatches, method, loss_scale, microbatch_size):
   check_examples_independent(model)
   if isinstance(l2_norm_clip, groups.LayerClipNorms):  # per-layer: bound to this model
     l2_norm_clip = l2_norm_clip.resolve(model)

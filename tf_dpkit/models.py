@@ -50,6 +50,7 @@ import tensorflow as tf
 from tf_dpkit import augmentation as augmentation_lib
 from tf_dpkit.data.poisson import pipeline_of
 from tf_dpkit.clipping import _keras_internals
+from tf_dpkit.clipping import swap
 from tf_dpkit.clipping.examples import (check_loss_is_per_example, mark_per_example,
                                         per_example_loss_function)
 from tf_dpkit.optimizers import accumulation, is_dp_optimizer
@@ -392,6 +393,16 @@ class _DPTrainStep:
     if plan is not None:
       plan.check_fit(pipeline, args[3] if len(args) > 3 else kwargs.get("callbacks"))
     return super().fit(x, y, *args, **kwargs)
+
+  def __call__(self, *args, **kwargs):
+    """Keras's call; under a recording ``tf.GradientTape`` with ``training=True`` a model whose
+    layer graph the fast path can use runs its forward pass by the layer rules and keeps the
+    record, so that a DP optimizer's ``minimize(vector_loss, model.trainable_variables,
+    tape=tape)`` clips on the per-layer fast path (``tf_dpkit.clipping.swap``).  The outputs
+    are the same."""
+    if swap.should_trace(self, args, kwargs):
+      return swap.traced_call(self, args[0])
+    return super().__call__(*args, **kwargs)
 
   # How per-microbatch gradients are computed: "auto" (fast per-layer path when the model is a
   # layer graph, else whole-model vectorized_map), "fast" or "vectorized".  Not a DP setting.

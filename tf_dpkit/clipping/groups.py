@@ -20,8 +20,10 @@ Groups are named by the model's top-level layers (``model.layers`` names): a key
 (a group of one layer) or a tuple of layer names (one group).  Every trainable variable of the
 model must belong to exactly one group; a nested model or a composite layer
 (``MultiHeadAttention``) is one layer here.  Used by DP models' ``fit`` and
-``tf_dpkit.private_gradients`` (fast and vectorized paths); a custom loop's
-``optimizer.compute_gradients(loss, var_list)`` has no layers to group by and refuses it.
+``tf_dpkit.private_gradients`` (fast and vectorized paths), and by a custom loop's
+``optimizer.compute_gradients(loss, var_list, tape)`` on the swap path (a DP model called under
+the tape, ``tf_dpkit.clipping.swap``); on its Jacobian path there are no layers to group by and
+it refuses them.
 """
 from __future__ import annotations
 

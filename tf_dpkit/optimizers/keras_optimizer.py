@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tf_dpkit.clipping import clipped_sum_from_vector_loss
 from tf_dpkit.clipping import groups as groups_lib
+from tf_dpkit.clipping import swap
 from tf_dpkit.optimizers import accumulation as accumulation_lib
 from tf_dpkit.optimizers.adaptive_clipping import AdaptiveClipState, AdaptiveClipping
 from tf_dpkit.optimizers.base import CONSTRUCTOR_ARGS_DOC, DPOptimizerBase
@@ -157,6 +158,13 @@ def make_keras_dp_class(base):
     def compute_gradients(self, loss, var_list, tape=None):
       """Private gradients of a vector loss: ``[(grad, var), ...]``.
 
+      When the loss comes from one ``training=True`` call of a DP model
+      (``tf_dpkit.DPSequential`` / ``DPModel``) inside ``tape`` and ``var_list`` is that model's
+      trainable variables, the per-layer fast path clips it (``tf_dpkit.clipping.swap``: about
+      the cost of a non-private step; a loss whose entry i depends on another example's
+      outputs is refused).  Otherwise per-microbatch gradients are rows of the full Jacobian
+      (about B backward passes; said once per optimizer).
+
       Under a float16 compute dtype (global ``mixed_float16`` policy) or with
       ``loss_scale_factor`` set, gradients are computed at the static loss scale
       ``static_loss_scale()`` and unscaled before clipping (see there).
@@ -175,11 +183,18 @@ def make_keras_dp_class(base):
         raise ValueError(
             f"{type(self).__name__}.compute_gradients needs `tape=` (the GradientTape that "
             "recorded the vector loss), or pass the loss as a zero-argument callable.")
+      # The swap path (tf_dpkit.clipping.swap): a DP model traced this loss's forward pass.
+      clipped = swap.clipped_sum_for_optimizer(
+          self, loss, var_list, tape, self.l2_norm_clip_for_step(),
+          self.replica_num_microbatches())
+      if clipped is not None:
+        return list(zip(self.privatize(clipped), var_list))
       if self._dp_layer_clips is not None:
         raise ValueError(
             f"{type(self).__name__} has per-layer clip norms, which are grouped by the model's "
             "layers; a vector loss and var_list have none. Use tf_dpkit.private_gradients("
-            "optimizer, model, ...) or a DP model's fit.")
+            "optimizer, model, ...), a DP model's fit, or a DP model called under the tape "
+            "with var_list=model.trainable_variables.")
       clipped = clipped_sum_from_vector_loss(
           loss, var_list, self.l2_norm_clip_for_step(), self.replica_num_microbatches(),
           tape=tape, loss_scale=self.static_loss_scale())

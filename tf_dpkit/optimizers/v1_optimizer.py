@@ -11,6 +11,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tf_dpkit.clipping import clipped_sum_from_vector_loss
+from tf_dpkit.clipping import swap
 from tf_dpkit.optimizers.base import CONSTRUCTOR_ARGS_DOC, DPOptimizerBase
 
 _V1 = tf.compat.v1
@@ -62,8 +63,13 @@ def make_v1_dp_class(base):
       var_list = list(var_list)
       if not var_list:
         raise ValueError("No variables to optimize.")
-      clipped = clipped_sum_from_vector_loss(
-          loss, var_list, self._dp.l2_norm_clip, self._dp.num_microbatches, tape=tape)
+      # With a tape, a DP model's traced call takes the per-layer fast path
+      # (tf_dpkit.clipping.swap); in a v1 graph (no tape) the Jacobian path.
+      clipped = None if tape is None else swap.clipped_sum_for_optimizer(
+          self, loss, var_list, tape, self._dp.l2_norm_clip, self._dp.num_microbatches)
+      if clipped is None:
+        clipped = clipped_sum_from_vector_loss(
+            loss, var_list, self._dp.l2_norm_clip, self._dp.num_microbatches, tape=tape)
       return list(zip(self.privatize(clipped), var_list))
 
     def minimize(self, loss, global_step=None, var_list=None, gate_gradients=base.GATE_OP,
