@@ -109,8 +109,9 @@ def private_gradients(optimizer, model, per_example_loss_fn, x, y, sample_weight
     optimizer: a tf_dpkit Keras DP optimizer (its clip, noise and microbatch settings apply).
     model: a Keras model.
     per_example_loss_fn: ``f(y_true, y_pred) -> [B]`` losses, one per example (unreduced).
-    x, y: a batch; ``sample_weight`` optional [B] (or [B, 1]) weights multiplying each
-      example's loss.
+    x: a batch of the model's inputs, batch dimension B >= 1.
+    y: the batch's targets.
+    sample_weight: optional [B] (or [B, 1]) weights multiplying each example's loss.
     method: ``"auto"``, ``"fast"`` or ``"vectorized"``.
     augmentation: None, or a :class:`tf_dpkit.AugmentationMultiplicity` with K copies: each
       example contributes ``clip_C((1/K) sum_k grad L(aug_k(x_i), y_i))`` (needs the

@@ -48,7 +48,7 @@ import keras
 import tensorflow as tf
 
 from tf_dpkit import augmentation as augmentation_lib
-from tf_dpkit.data.poisson import pipeline_of
+from tf_dpkit.data.poisson import check_class_labels, pipeline_of
 from tf_dpkit.clipping import _keras_internals
 from tf_dpkit.clipping import swap
 from tf_dpkit.clipping.examples import (check_loss_is_per_example, mark_per_example,
@@ -182,6 +182,18 @@ def _check_inputs_match_model(model, x, augmented):
         f"{source} of shape {tuple(got[1:].as_list())}; {fix}.")
 
 
+def _sparse_class_count(model, loss):
+  """K, the class count the compiled sparse categorical cross-entropy indexes (the single
+  output's last dimension), or None for any other loss or output."""
+  sparse = (loss in ("sparse_categorical_crossentropy", keras.losses.sparse_categorical_crossentropy)
+            or isinstance(loss, keras.losses.SparseCategoricalCrossentropy))
+  outputs = getattr(model, "outputs", None) if model.built else None
+  if not sparse or not outputs or len(outputs) != 1:
+    return None
+  k = outputs[0].shape[-1]
+  return int(k) if k is not None and k > 1 else None
+
+
 def _single_loss(loss):
   """``keras.losses.get(loss)`` as an unreduced ``f(y_true, y_pred)``."""
   loss_obj = keras.losses.get(loss)
@@ -283,6 +295,7 @@ class _DPTrainStep:
           "auto_scale_loss unset (or False) and, to choose the scale, pass "
           "loss_scale_factor=... (a finite number > 0; default 2**10) to the DP optimizer.")
     self._dp_per_example_loss = _per_example_loss_fn(self, loss, loss_weights)
+    self._dp_class_count = _sparse_class_count(self, loss)
     # Augmentation multiplicity (tf_dpkit.augmentation): not part of the compile config.
     self._dp_augmentation = augmentation_lib.check_augmentation(
         augmentation, optimizer.num_microbatches)
@@ -366,6 +379,12 @@ class _DPTrainStep:
         x, (tf.data.Dataset, tf.distribute.DistributedDataset, keras.utils.PyDataset)) and not callable(getattr(x, "__next__", None))
     # What a tf_dpkit pipeline says it is (PrivacyBudget checks it against its own numbers).
     self._dp_fit_pipeline = pipeline_of(x)
+    classes = getattr(self, "_dp_class_count", None)
+    if classes is not None:  # class ids outside [0, K) would fail deep inside the loss op
+      labels = y if self._dp_keras_batches_arrays else getattr(
+          getattr(self.optimizer, "_dp_plan", None), "labels", None)
+      if labels is not None:
+        check_class_labels(labels, classes, name="y")
     if self._dp_keras_batches_arrays:
       _check_array_batches_split_into_microbatches(self, x, args, kwargs)
       sizes = _array_fit_sizes(x, args, kwargs)

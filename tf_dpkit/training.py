@@ -242,6 +242,9 @@ class _Plan:
     self.sampling = training.sampling
     self.sampling_probability = training.sampling_probability
     self.description = repr(training)
+    # The labels of (x, y) data, for the DP model's class-id check (not kept otherwise).
+    data = training._data  # pylint: disable=protected-access
+    self.labels = data[1] if isinstance(data, tuple) and len(data) == 2 else None
 
   def check_fit(self, pipeline, callbacks) -> None:
     """Raises ValueError unless ``fit`` gets this plan's pipeline and a PrivacyBudget."""

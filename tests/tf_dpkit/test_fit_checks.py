@@ -185,3 +185,32 @@ def test_errors_name_the_class_the_user_built_and_saving_still_works(cls):
   old = {"module": None, "class_name": registered, "registered_name": f"tf_dpkit>{registered}",
          "config": optimizer.get_config()}
   assert type(keras.optimizers.deserialize(old)) is cls
+
+
+def _three_class_model(optimizer):
+  model = tf_dpkit.DPSequential([keras.Input((4,)), keras.layers.Dense(3)])
+  model.compile(optimizer=optimizer,
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  return model
+
+
+def test_class_ids_outside_the_models_classes_are_refused_before_training():
+  # Issue 31: a label 7 with 3 classes used to fail deep inside TensorFlow's loss op.
+  x = np.zeros((16, 4), np.float32)
+  y = np.array([0, 1, 2, 7] * 4)
+  model = _three_class_model(tf_dpkit.DPGradientDescentGaussianOptimizer(
+      1.0, 1.0, learning_rate=0.1, seed=0))
+  with pytest.raises(ValueError, match=r"y must be class ids in \[0, 3\).*first 7 in example 3"):
+    model.fit(x, y, batch_size=8, verbose=0)
+  assert int(model.optimizer.iterations.numpy()) == 0
+  model.fit(x, np.minimum(y, 2), batch_size=8, verbose=0)  # valid ids train
+
+
+def test_make_private_labels_outside_the_models_classes_are_refused_before_training():
+  x = np.zeros((32, 4), np.float32)
+  y = np.array([0, 1, 2, 3] * 8)
+  private = tf_dpkit.make_private((x, y), batch_size=8, epochs=1, l2_norm_clip=1.0,
+                                  noise_multiplier=1.0, delta=1e-3)
+  model = _three_class_model(private.optimizer(keras.optimizers.SGD, learning_rate=0.1))
+  with pytest.raises(ValueError, match=r"y must be class ids in \[0, 3\)"):
+    model.fit(**private.fit_arguments(seed=0, verbose=False), verbose=0)
