@@ -235,6 +235,7 @@ class PrivacyBudget(keras.callbacks.Callback):
     self._seen_iterations = 0
     self._epoch_start_iterations = 0
     self._max_steps = None
+    self._planned_end = None
     PrivacyAccountant(0.5).record(sampling_probability, 1.0, 0, sampling=sampling,
                                   steps_per_epoch=steps_per_epoch)  # validates now
 
@@ -403,6 +404,11 @@ class PrivacyBudget(keras.callbacks.Callback):
       self._check_batches_can_be_poisson()
     self._write_ledger()
     self._epoch_start_iterations = self._seen_iterations
+    epochs, steps = (self.params or {}).get("epochs"), (self.params or {}).get("steps")
+    # The optimizer iteration at which this fit ends by itself (None: unknown length).
+    self._planned_end = (self._seen_iterations + int(epochs) * int(steps)
+                         if epochs and steps and not _accumulation_steps(self.model.optimizer) > 1
+                         else None)
     steps_before = self.accountant.steps
     if self.target_epsilon is not None:
       # The settings are fixed during fit, so the budget becomes a step count, computed once.
@@ -433,14 +439,19 @@ class PrivacyBudget(keras.callbacks.Callback):
     self._record_until(iterations)  # keeps the saved ledger current for checkpoints
     if self._max_steps is None or self.model.stop_training:
       return
+    if self._planned_end is not None and iterations >= self._planned_end:
+      return  # the planned end of this fit: nothing to stop
     if iterations + next_steps > self._max_steps:
       self._record_new_steps()
       self.model.stop_training = True
       self.stopped_at_step = self.accountant.steps
       if self.verbose and distribute.is_chief(self.model.distribute_strategy):
-        print(f"\nPrivacyBudget: stopping after {self.accountant.steps} steps: the next step "
-              f"would exceed target_epsilon={self.target_epsilon} at delta={self.accountant.delta} "
-              f"(epsilon now {self.accountant.epsilon():.4f}).")
+        planned = ("more steps" if self._planned_end is None
+                   else f"to run to optimizer step {self._planned_end}")
+        print(f"\nPrivacyBudget: stopping early, after {self.accountant.steps} steps (this fit "
+              f"planned {planned}): the next "
+              f"step would exceed target_epsilon={self.target_epsilon} at "
+              f"delta={self.accountant.delta} (epsilon now {self.accountant.epsilon():.4f}).")
 
   def on_epoch_end(self, epoch, logs=None):
     self._record_new_steps()

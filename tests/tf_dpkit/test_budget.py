@@ -306,3 +306,25 @@ def test_keras_batched_arrays_are_accounted_as_shuffled_passes():
       -1 / (2 * sigma) - eps * sigma)
   assert float(delta) == pytest.approx(1e-5, rel=1e-8)
   assert round(float(eps), 2) == 5.87
+
+
+def test_reaching_the_target_at_the_planned_end_is_not_reported_as_an_early_stop(capsys):
+  # Issue 34: at the planned end of a make_private run the callback used to print "stopping
+  # after N steps", which reads like an early stop.  A target between the epsilons after 24 and
+  # 25 steps, a fit of exactly 24 steps: it runs them all and says nothing about stopping.
+  q = BATCH / N
+  target = 0.5 * (_rdp_eps([q], [1.0], [24]) + _rdp_eps([q], [1.0], [25]))
+  budget = PrivacyBudget(q, 1e-5, target_epsilon=target)
+  model = _model()
+  model.fit(poisson_batches(_data(), expected_batch_size=BATCH, steps=24, seed=5), epochs=3,
+            steps_per_epoch=8, callbacks=[budget], verbose=0)
+  assert int(model.optimizer.iterations.numpy()) == 24 and budget.stopped_at_step is None
+  assert "stopping" not in capsys.readouterr().out
+  # A fit planned past the budget still stops early, and says so.
+  budget = PrivacyBudget(q, 1e-5, target_epsilon=target)
+  model = _model()
+  model.fit(poisson_batches(_data(), expected_batch_size=BATCH, steps=40, seed=6), epochs=5,
+            steps_per_epoch=8, callbacks=[budget], verbose=0)
+  assert budget.stopped_at_step == 24
+  assert "stopping early, after 24 steps (this fit planned to run to optimizer step 40)" in (
+      capsys.readouterr().out)

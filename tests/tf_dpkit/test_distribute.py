@@ -349,7 +349,7 @@ def test_budget_stops_every_worker_at_the_same_step_and_only_the_chief_prints():
   for worker, result in enumerate(results):
     assert not isinstance(result, str), result
     assert result["iterations"] == result["stopped_at"] == 7
-    assert ("PrivacyBudget: stopping after 7 steps" in result["printed"]) == (worker == 0)
+    assert ("PrivacyBudget: stopping early, after 7 steps" in result["printed"]) == (worker == 0)
 
 
 @pytest.mark.parametrize("strategy", ["mirrored", pytest.param("multiworker", marks=_SLOW)])
