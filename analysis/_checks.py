@@ -69,6 +69,18 @@ def check_delta(name: str, value) -> float:
   return value
 
 
+def delta_warning(delta: float, num_examples: int) -> str | None:
+  """The warning for a ``delta`` that is not below ``1/N`` (None when it is).
+
+  A mechanism that publishes one random example outright is ``(0, 1/N)``-DP, so a guarantee
+  with ``delta >= 1/N`` says almost nothing; ``delta`` should be well below ``1/N``.
+  """
+  if delta < 1.0 / num_examples:
+    return None
+  return (f"delta={delta:g} is not below 1/N = {1.0 / num_examples:g}: a mechanism that "
+          "publishes one random example outright meets it. Use a delta well below 1/N.")
+
+
 def check_count(name: str, value, *, minimum: int = 0) -> int:
   """Returns ``value`` as int; requires an integer (int or integral float) >= minimum."""
   if isinstance(value, bool):

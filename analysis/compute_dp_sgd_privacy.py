@@ -28,7 +28,7 @@ from analysis import accountant as _accountant
 from analysis import accountants as _accountants
 from analysis import calibration, dp_sgd, events, rdp_accountant, tuning
 from analysis._checks import (check_choice, check_count, check_delta, check_integer,
-                              check_nonnegative, check_orders, check_real)
+                              check_nonnegative, check_orders, check_real, delta_warning)
 
 __all__ = ["DpSgdPrivacy", "compute_dp_sgd_privacy", "run"]
 
@@ -321,7 +321,8 @@ def _define_flags():
                      flag_values=values)
   flags.DEFINE_float("epochs", None, "Number of epochs (may be fractional).",
                      flag_values=values)
-  flags.DEFINE_float("delta", 1e-5, "Target delta, in (0, 1).", flag_values=values)
+  flags.DEFINE_float("delta", 1e-6, "Target delta, in (0, 1); well below 1/N (default 1e-6, "
+                     "TF Privacy's).", flag_values=values)
   flags.DEFINE_integer("microbatch_size", 1, "Examples per clipped microbatch.",
                        flag_values=values)
   flags.DEFINE_list("orders", None, "Comma-separated RDP orders (each > 1), only with "
@@ -409,6 +410,9 @@ def run(argv=None) -> None:
         tuning_runs_mean=values.tuning_runs_mean, tuning_shape=values.tuning_shape)
   except ValueError as error:
     _fail(error)
+  warning = delta_warning(result.delta, values.N)
+  if warning:
+    sys.stderr.write(f"{_PROG}: warning: {warning}\n")
   how = f"{result.accountant} accountant"
   if result.optimal_order is not None:
     how += (f", optimal order {result.optimal_order:g}" if result.accountant == "rdp" else

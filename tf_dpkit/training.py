@@ -346,10 +346,9 @@ def make_private(data, *, batch_size: int, l2_norm_clip: float, delta: float,
   b = _checks.check_integer("batch_size", batch_size, minimum=1, maximum=n)
   clip = _checks.check_finite_positive("l2_norm_clip", l2_norm_clip)
   delta = _checks.check_delta("delta", delta)
-  if delta >= 1.0 / n:
-    warnings.warn(f"delta={delta:g} is not below 1/N = {1.0 / n:g}: a mechanism that publishes "
-                  "one random example outright meets it. Use a delta well below 1/N.",
-                  UserWarning, stacklevel=2)
+  warning = _checks.delta_warning(delta, n)
+  if warning:
+    warnings.warn(warning, UserWarning, stacklevel=2)
   if num_microbatches is not None:
     if sampling != "shuffle":
       raise ValueError("num_microbatches needs sampling='shuffle': Poisson batches have "

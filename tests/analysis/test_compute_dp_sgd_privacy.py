@@ -187,7 +187,8 @@ def _cli(*args):
 
 
 def test_cli_success():
-  proc = _cli("--N=60000", "--batch_size=256", "--noise_multiplier=1.1", "--epochs=60")
+  proc = _cli("--N=60000", "--batch_size=256", "--noise_multiplier=1.1", "--epochs=60",
+              "--delta=1e-5")
   assert proc.returncode == 0, proc.stderr
   expected = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 60, 1e-5)
   assert f"epsilon = {expected.epsilon:.4g} at delta = 1e-05" in proc.stdout
@@ -201,7 +202,8 @@ def test_cli_success():
 
 
 def test_cli_pld_says_when_the_rdp_bound_is_smaller():
-  base = ("--N=60000", "--batch_size=256", "--noise_multiplier=1.1", "--accountant=pld")
+  base = ("--N=60000", "--batch_size=256", "--noise_multiplier=1.1", "--accountant=pld",
+          "--delta=1e-5")
   proc = _cli(*base, "--epochs=1e6")
   assert proc.returncode == 0, proc.stderr
   expected = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 1e6, 1e-5, accountant="pld")
@@ -250,7 +252,7 @@ def test_cli_orders_with_pld_is_an_error():
         "accountant has no Renyi orders); drop --orders or use --accountant=rdp\n")
   # Without --orders the PLD run works, and --orders with rdp is honoured.
   proc = _cli("--N=60000", "--batch_size=256", "--noise_multiplier=1.1", "--epochs=3",
-              "--accountant=pld")
+              "--accountant=pld", "--delta=1e-5")
   assert proc.returncode == 0, proc.stderr
   expected = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 3, 1e-5, accountant="pld")
   assert f"epsilon = {expected.epsilon:.4g} at delta = 1e-05" in proc.stdout
@@ -262,7 +264,7 @@ def test_cli_orders_with_pld_is_an_error():
 # (dp_references.exact_gaussian_epsilon) and a brute-force group-privacy search.
 
 _EPS_LINE = r"^epsilon = (\S+) at delta = 1e-05 \(Poisson sampling, "
-_BASE = ("--N=60000", "--batch_size=256", "--noise_multiplier=1.1")
+_BASE = ("--N=60000", "--batch_size=256", "--noise_multiplier=1.1", "--delta=1e-5")
 _INT_ORDERS_FLAG = "--orders=" + ",".join(f"{a:g}" for a in INT_ORDERS)
 
 
@@ -524,3 +526,17 @@ def test_tuning_flag_errors_are_one_line(capsys, args, message):
   code, out, err = _run_in_process(capsys, *_BASE, "--epochs=1", *args)
   assert code == 2 and out == ""
   assert err == f"compute_dp_sgd_privacy: error: {message}\n"
+
+
+def test_cli_default_delta_is_tf_privacys_and_a_delta_not_below_one_over_n_is_warned():
+  # TF Privacy's compute_dp_sgd_privacy defines --delta with default 1e-6 (its flags).
+  proc = _cli("--N=60000", "--batch_size=256", "--noise_multiplier=1.1", "--epochs=60")
+  assert proc.returncode == 0, proc.stderr
+  expected = cdp.compute_dp_sgd_privacy(60000, 256, 1.1, 60, 1e-6)
+  assert f"epsilon = {expected.epsilon:.4g} at delta = 1e-06" in proc.stdout
+  assert "warning" not in proc.stderr
+  proc = _cli("--N=1000", "--batch_size=100", "--noise_multiplier=1.1", "--epochs=2",
+              "--delta=1e-3")
+  assert proc.returncode == 0, proc.stderr
+  assert ("compute_dp_sgd_privacy: warning: delta=0.001 is not below 1/N = 0.001" in
+          proc.stderr)
