@@ -359,8 +359,18 @@ def make_dp_model_class(cls):
   if issubclass(dp_base, _TFPrivacyModel):
     return dp_base
 
-  def __init__(self, l2_norm_clip, noise_multiplier, num_microbatches=None, use_xla=True,
-               layer_registry=None, *args, **kwargs):
+  def __init__(self, l2_norm_clip=None, noise_multiplier=None, num_microbatches=None,
+               use_xla=True, layer_registry=None, *args, **kwargs):
+    if isinstance(l2_norm_clip, (list, tuple)) or noise_multiplier is None:
+      given = ("a list of layers as its first argument" if isinstance(l2_norm_clip, (list, tuple))
+               else "no noise_multiplier")
+      raise TypeError(
+          f"{name}(...) got {given}. TF Privacy's {name} takes the DP settings first: "
+          f"tf_dpkit.compat.tf_privacy.{name}(l2_norm_clip=1.0, noise_multiplier=1.1, "
+          f"{'layers=[...]' if issubclass(cls, keras.Sequential) else 'inputs=..., outputs=...'}"
+          f") compiled with a plain Keras optimizer; tf_dpkit's own "
+          f"tf_dpkit.{name}({'[...layers...]' if issubclass(cls, keras.Sequential) else 'inputs, outputs'}"
+          ") takes the layers first and is compiled with a DP optimizer.")
     settings = _model_settings(l2_norm_clip, noise_multiplier, num_microbatches, layer_registry)
     del use_xla  # speed only (see the docstring)
     dp_base.__init__(self, *args, **kwargs)

@@ -632,3 +632,22 @@ def test_tf_privacy_keras_tutorials_learn():
   print(f"test accuracy after 3 epochs: {accuracy:.4f} (DPKerasSGDOptimizer), "
         f"{accuracy_model:.4f} (DPSequential)")
   assert accuracy > 0.85 and accuracy_model > 0.85, (accuracy, accuracy_model)
+
+
+def test_dp_sequential_given_layers_first_shows_both_right_calls():
+  # Issue 34: tensorflow_privacy.DPSequential([...layers...]) put the layer list into
+  # l2_norm_clip and failed with "missing 1 required positional argument".
+  layers = [keras.Input((3,)), keras.layers.Dense(2)]
+  with pytest.raises(TypeError, match=re.escape(
+      "DPSequential(...) got a list of layers as its first argument. TF Privacy's DPSequential "
+      "takes the DP settings first: tf_dpkit.compat.tf_privacy.DPSequential(l2_norm_clip=1.0, "
+      "noise_multiplier=1.1, layers=[...])")) as raised:
+    tfp.DPSequential(layers)
+  assert "tf_dpkit.DPSequential([...layers...])" in str(raised.value)
+  with pytest.raises(TypeError, match="got no noise_multiplier"):
+    tfp.DPSequential(l2_norm_clip=1.0, layers=layers)
+  with pytest.raises(TypeError, match=re.escape("DPModel(l2_norm_clip=1.0, noise_multiplier=1.1, "
+                                                "inputs=..., outputs=...)")):
+    tfp.DPModel([layers[0]])
+  model = tfp.DPSequential(l2_norm_clip=1.0, noise_multiplier=1.1, layers=layers)
+  assert len(model.layers) == 1
