@@ -293,9 +293,15 @@ class PrivacyBudget(keras.callbacks.Callback):
 
   def _check_batches_can_be_poisson(self):
     """Refuses to account as Poisson-sampled what certainly is not (fixed-size batches)."""
+    steps = (self.params or {}).get("steps")
+    per_epoch = steps if steps else "<batches per epoch>"
+    m = self.model.optimizer.num_microbatches
+    size = (f", batch_size=<examples per batch, a multiple of num_microbatches={m}>"
+            if m is not None else "")
     fix = ("Either sample with tf_dpkit.data.poisson_batches and build the optimizer with "
            "expected_batch_size=q*N, or account the batches as they are with "
-           "PrivacyBudget(..., sampling='shuffle', steps_per_epoch=<batches per epoch>).")
+           f"PrivacyBudget(<batch_size / N>, delta, sampling='shuffle', "
+           f"steps_per_epoch={per_epoch}{size}).")
     if getattr(self.model, "_dp_keras_batches_arrays", False):
       raise ValueError(
           "PrivacyBudget(sampling='poisson') cannot account this fit: it was given in-memory "
@@ -397,11 +403,11 @@ class PrivacyBudget(keras.callbacks.Callback):
           "(trained without a PrivacyBudget, or restored from a checkpoint made before the "
           "ledger existed). Train every step with a PrivacyBudget, or pass the earlier run's "
           "accountant (accountant=PrivacyAccountant.from_state_dict(saved)).")
+    self._check_pipeline()
+    if self.sampling == "poisson":  # before batch_size's check: its advice names batch_size too
+      self._check_batches_can_be_poisson()
     self._current_phase(0, 0.0)  # validates batch_size against num_microbatches before training
     self._check_ledger_capacity()
-    self._check_pipeline()
-    if self.sampling == "poisson":
-      self._check_batches_can_be_poisson()
     self._write_ledger()
     self._epoch_start_iterations = self._seen_iterations
     epochs, steps = (self.params or {}).get("epochs"), (self.params or {}).get("steps")

@@ -328,3 +328,23 @@ def test_reaching_the_target_at_the_planned_end_is_not_reported_as_an_early_stop
   assert budget.stopped_at_step == 24
   assert "stopping early, after 24 steps (this fit planned to run to optimizer step 40)" in (
       capsys.readouterr().out)
+
+
+def test_the_poisson_refusal_gives_complete_advice_that_then_works():
+  # Issue 34: following the advice (sampling='shuffle', steps_per_epoch=...) led straight to a
+  # second error asking for batch_size.  The advice now names every argument, with the
+  # batches per epoch filled in, and following it trains.
+  x, y = _data()
+  model = tf_dpkit.DPSequential([keras.Input((4,)), keras.layers.Dense(2)])
+  model.compile(tf_dpkit.DPGradientDescentGaussianOptimizer(1.0, 1.0, num_microbatches=4,
+                                                            learning_rate=0.1, seed=0),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  n = len(x) // 8 * 8
+  with pytest.raises(ValueError) as raised:
+    model.fit(x[:n], y[:n], batch_size=8, callbacks=[PrivacyBudget(8 / n, 1e-5)], verbose=0)
+  message = str(raised.value)
+  assert (f"sampling='shuffle', steps_per_epoch={n // 8}, batch_size=<examples per batch, a "
+          "multiple of num_microbatches=4>" in message)
+  history = model.fit(x[:n], y[:n], batch_size=8, verbose=0, callbacks=[PrivacyBudget(
+      8 / n, 1e-5, sampling="shuffle", steps_per_epoch=n // 8, batch_size=8, verbose=False)])
+  assert history.history["epsilon"][-1] > 0
