@@ -29,6 +29,7 @@ pickle or checkpoint holds it (aggregators cannot be pickled).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 
@@ -248,6 +249,26 @@ class ConfidentGNMax(Aggregator):
     self.sigma1 = _checks.check_finite_positive("sigma1", sigma1)
     self.sigma2 = _checks.check_finite_positive("sigma2", sigma2)
     super().__init__(votes, seed=seed, accountant=accountant)
+    self._warn_if_not_scaled()
+
+  def _warn_if_not_scaled(self):
+    """Warns when the settings cannot suit this many teachers (PATE 2018's MNIST setting,
+    200 / 150 / 40 for 250 teachers, scales with the number of teachers T)."""
+    t = self._votes.num_teachers
+    problems = []
+    if self.threshold > t:
+      problems.append(f"threshold={self.threshold:g} exceeds the {t} teachers' votes, so a "
+                      "query passes only by noise")
+    if self.sigma1 > t:
+      problems.append(f"sigma1={self.sigma1:g} exceeds the number of teachers ({t})")
+    if self.sigma2 > t / 2:
+      problems.append(f"sigma2={self.sigma2:g} exceeds half the number of teachers ({t}), so "
+                      "the noise swamps the votes")
+    if problems:
+      warnings.warn(
+          f"ConfidentGNMax: {'; '.join(problems)}. PATE 2018's MNIST setting scaled to {t} "
+          f"teachers is threshold={0.8 * t:g}, sigma1={0.6 * t:g}, sigma2={0.16 * t:g}.",
+          UserWarning, stacklevel=3)
 
   def _params(self):
     return f"threshold={self.threshold:g}, sigma1={self.sigma1:g}, sigma2={self.sigma2:g}"

@@ -47,8 +47,12 @@ class TeacherVotes:
       raise ValueError("votes must be counts >= 0; some are negative.")
     sums = array.sum(axis=1)
     if array.shape[0] and (sums.min() != sums.max() or sums[0] < 1):
-      raise ValueError("votes must have the same total >= 1 (the number of teachers) in every "
-                       "row; the rows' totals differ or are 0.")
+      raise ValueError(
+          "votes must be vote histograms [num_queries, num_classes] (entry [q, j]: how many "
+          "teachers chose class j on query q) with the same total >= 1 (the number of teachers) "
+          "in every row; the rows' totals differ or are 0. A [num_queries, num_teachers] matrix "
+          "of the teachers' predicted classes converts with "
+          "TeacherVotes.from_predictions(predictions, num_classes).")
     array.setflags(write=False)
     self._votes = array
     self.num_teachers = int(sums[0]) if array.shape[0] else 0

@@ -7,6 +7,7 @@ each test also states the nearby wrong value it would catch.
 import copy
 import math
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -206,3 +207,23 @@ def test_an_accountant_for_fewer_teachers_is_refused_before_any_query():
                      r"come from 4 teachers"):
     pate.GNMax(votes, 1.0, accountant=accountant)
   assert accountant.queries == 0
+
+
+def test_settings_that_do_not_suit_the_number_of_teachers_are_warned_with_scaled_ones():
+  # Issue 34: 25 teachers with the 250-teacher defaults answered 7 of 50 queries, silently.
+  votes = np.zeros((50, 10), np.int64)
+  votes[:, 3] = 25
+  with pytest.warns(UserWarning, match=r"threshold=200 exceeds the 25 teachers' votes.*"
+                    r"sigma1=150 exceeds.*sigma2=40 exceeds half.*threshold=20, sigma1=15, "
+                    r"sigma2=4"):
+    pate.ConfidentGNMax(votes, seed=0)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    pate.ConfidentGNMax(votes, threshold=20, sigma1=15, sigma2=4, seed=0)  # scaled: no warning
+
+
+def test_a_label_matrix_passed_as_votes_names_histograms_and_the_conversion():
+  predictions = np.array([[1, 1, 2], [0, 1, 2]])  # [queries, teachers] of class ids
+  with pytest.raises(ValueError, match=r"vote histograms \[num_queries, num_classes\].*"
+                     r"TeacherVotes.from_predictions\(predictions, num_classes\)"):
+    pate.ConfidentGNMax(predictions, seed=0)
