@@ -301,6 +301,10 @@ def main(argv):
         f"epsilon_data_independent={results['epsilon_data_independent']:.4f} "
         f"epsilon_smooth_sensitivity={results['epsilon_smooth_sensitivity']:.4f} "
         f"delta={FLAGS.delta:g} total_seconds={results['total_seconds']:.1f}")
+  print(f"publishable: epsilon_data_independent={results['epsilon_data_independent']:.4f} or "
+        f"epsilon_smooth_sensitivity={results['epsilon_smooth_sensitivity']:.4f} at "
+        f"delta={FLAGS.delta:g}; epsilon_data_dependent is computed from the private votes and "
+        "is NOT publishable (its release would leak them).")
 
 
 if __name__ == "__main__":

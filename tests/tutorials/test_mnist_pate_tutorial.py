@@ -68,6 +68,7 @@ def test_small_run_writes_results_model_and_plots(tmp_path, aggregator):
                                      "student_accuracy_vs_epsilon.png"}
     assert all(os.path.getsize(tmp_path / p) > 1000 for p in results["plots"])
   assert "final: aggregator=" in out
+  assert "publishable: epsilon_data_independent=" in out and "is NOT publishable" in out
 
 
 @pytest.mark.slow
