@@ -4,6 +4,7 @@ References: TF Privacy 0.9.0's source (signature table below), tf_dpkit's own cl
 same seed (the compat layer must add nothing), NumPy clipping, dp_accounting and the exact
 Gaussian composition (tests/dp_references.py).
 """
+import importlib
 import inspect
 import math
 import re
@@ -651,3 +652,31 @@ def test_dp_sequential_given_layers_first_shows_both_right_calls():
     tfp.DPModel([layers[0]])
   model = tfp.DPSequential(l2_norm_clip=1.0, noise_multiplier=1.1, layers=layers)
   assert len(model.layers) == 1
+
+
+@pytest.mark.parametrize("path, names", [
+    ("privacy.optimizers.dp_optimizer_keras", ["DPKerasSGDOptimizer", "DPKerasAdamOptimizer",
+                                               "DPKerasAdagradOptimizer",
+                                               "make_keras_optimizer_class"]),
+    ("privacy.optimizers.dp_optimizer_keras_vectorized", ["VectorizedDPKerasSGDOptimizer"]),
+    ("privacy.keras_models.dp_keras_model", ["DPModel", "DPSequential", "make_dp_model_class"]),
+    ("privacy.analysis.compute_dp_sgd_privacy_lib", ["compute_dp_sgd_privacy_statement",
+                                                     "compute_dp_sgd_privacy"]),
+    ("privacy.analysis.compute_noise_from_budget_lib", ["compute_noise"]),
+])
+def test_tf_privacys_deep_module_paths_import_the_same_objects(path, names):
+  # Issue 34: a find-and-replace of `tensorflow_privacy` left deep imports that raised a bare
+  # ModuleNotFoundError.
+  module = importlib.import_module(f"tf_dpkit.compat.tf_privacy.{path}")
+  for name in names:
+    assert getattr(module, name) is getattr(tfp, name)
+
+
+def test_tf_privacys_v1_optimizer_and_rdp_paths_are_tf_dpkits():
+  from tf_dpkit.compat.tf_privacy.privacy.analysis import rdp_accountant as deep  # pylint: disable=g-import-not-at-top
+  from tf_dpkit.compat.tf_privacy.privacy.optimizers import dp_optimizer  # pylint: disable=g-import-not-at-top
+  from analysis import rdp_accountant  # pylint: disable=g-import-not-at-top
+  assert deep.compute_rdp is rdp_accountant.compute_rdp
+  assert deep.get_privacy_spent is rdp_accountant.get_privacy_spent
+  assert dp_optimizer.DPGradientDescentGaussianOptimizer is (
+      tf_dpkit.v1.DPGradientDescentGaussianOptimizer)
