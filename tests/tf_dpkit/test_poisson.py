@@ -599,7 +599,7 @@ def test_public_names():
   assert max(seeds) >= 2**62  # uses the high bits (fails with probability 2**-64)
 
 
-def test_pipelines_say_what_they_are_and_derived_datasets_do_not():
+def test_pipelines_say_what_they_are_and_derived_datasets_keep_it():
   x = np.zeros((10, 2), np.float32)
   batches = poisson.poisson_batches(x, expected_batch_size=3, steps=4, seed=1)
   assert poisson.pipeline_of(batches) == poisson.Pipeline("poisson", 10, 3.0, 4, 0.3)
@@ -607,4 +607,6 @@ def test_pipelines_say_what_they_are_and_derived_datasets_do_not():
       "shuffle", 10, 3, 3)
   assert poisson.pipeline_of(poisson.shuffled_batches(x, 3, 2, seed=1, drop_remainder=False)) \
       == poisson.Pipeline("shuffle", 10, 3, 4)
-  assert poisson.pipeline_of(batches.take(2)) is None and poisson.pipeline_of(x) is None
+  # take keeps each element a fresh batch of the pipeline (test_replay.py: what is refused).
+  assert poisson.pipeline_of(batches.take(2)) == poisson.pipeline_of(batches)
+  assert poisson.pipeline_of(x) is None

@@ -220,3 +220,15 @@ def test_distributed_poisson_batches_draw_fresh_batches_on_a_second_pass():
   plain = [tuple(e[-1].numpy().shape) + tuple(e[0].numpy().ravel()[:3])
            for e in poisson_batches(_data(), expected_batch_size=BATCH, steps=20, seed=9)]
   assert first == plain
+
+
+def test_graph_mode_passes_draw_fresh_batches_too():
+  v1 = tf.compat.v1
+  with tf.Graph().as_default():
+    ds = poisson_batches(_data(), expected_batch_size=BATCH, steps=3, seed=7).repeat(2)
+    element = v1.data.make_one_shot_iterator(ds).get_next()
+    with v1.Session() as sess:
+      weights = [sess.run(element[-1]) for _ in range(6)]
+  eager = [e[-1].numpy() for e in poisson_batches(_data(), expected_batch_size=BATCH, steps=6,
+                                                  seed=7)]
+  assert [w.shape for w in weights] == [w.shape for w in eager]  # the same 6-step stream

@@ -400,13 +400,29 @@ class _Passes:
   """
 
   def __init__(self):
-    with tf.init_scope(), tf.device("/cpu:0"):
-      self._counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="dp_passes")
+    with tf.init_scope():
+      self._eager = tf.executing_eagerly()
+      if self._eager:
+        with tf.device("/cpu:0"):
+          self._counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="dp_passes")
+      else:  # a tf.compat.v1 graph: a one-shot iterator cannot capture a variable
+        self._passes = 0
+
+  def _next_pass(self, _):
+    if self._eager:
+      return self._counter.assign_add(1) - 1
+
+    def advance():
+      self._passes += 1
+      return np.int64(self._passes - 1)
+    value = tf.compat.v1.py_func(advance, [], tf.int64, stateful=True, name="dp_passes")
+    value.set_shape([])
+    return value
 
   def indices(self, count: int) -> tf.data.Dataset:
     """``count`` consecutive int64 indices; pass ``p`` gives ``p * count ... (p + 1) * count - 1``."""
     count = tf.constant(count, tf.int64)
-    return tf.data.Dataset.range(1).map(lambda _: self._counter.assign_add(1) - 1).flat_map(
+    return tf.data.Dataset.range(1).map(self._next_pass).flat_map(
         lambda p: tf.data.Dataset.range(p * count, (p + 1) * count)).apply(
             tf.data.experimental.assert_cardinality(count))
 
