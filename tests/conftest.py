@@ -5,3 +5,18 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def _heavy_ids():
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "heavy.txt")
+  with open(path) as listing:
+    return {line.strip() for line in listing if line.strip() and not line.startswith("#")}
+
+
+def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
+  """Marks the tests listed in tests/heavy.txt (node ids, or whole files) ``heavy``."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  heavy = _heavy_ids()
+  for item in items:
+    if item.nodeid in heavy or item.nodeid.split("::")[0] in heavy:
+      item.add_marker(pytest.mark.heavy)
