@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import inspect
 import math
 import textwrap
 import types
@@ -375,6 +376,13 @@ def make_dp_model_class(cls):
     del use_xla  # speed only (see the docstring)
     dp_base.__init__(self, *args, **kwargs)
     self._tfp_settings = settings
+
+  # The signature TF Privacy declares (both settings required); the defaults of None above only
+  # let a call in tf_dpkit's order (layers first) get the message that shows both right calls.
+  def declared(self, l2_norm_clip, noise_multiplier, num_microbatches=None, use_xla=True,
+               layer_registry=None, *args, **kwargs):  # pylint: disable=unused-argument
+    pass
+  __init__.__signature__ = inspect.signature(declared)
 
   name = "DP" + cls.__name__ if cls.__name__ != "Model" else "DPModel"
   compat = type(name, (_TFPrivacyModel, dp_base), {
