@@ -774,8 +774,10 @@ def distributed_poisson_batches(strategy, data, *, sampling_probability: float |
     ``qN``.  The accountant therefore analyses it exactly as one device's Poisson batches:
     the global step is one Poisson-subsampled Gaussian release, counted once.
   * With one data set on every worker (``num_examples=None``) and a shared integer ``seed``,
-    all workers draw the same mask, so the global batch of step ``t`` is exactly
-    ``poisson_batches(data, ..., seed=seed)``'s batch ``t``.  With ``seed=None`` every worker
+    all workers draw the same mask, so the global batch of step ``t`` of pass ``p`` is exactly
+    ``poisson_batches(data, ..., seed=seed)``'s batch ``t`` of the same pass (every pass draws
+    fresh batches, see the module doc; ``fit`` under a strategy may start at a later pass than
+    a single-device ``fit``, since ``tf.distribute`` can open an iterator first).  With ``seed=None`` every worker
     draws its own secret seed; the union is still a Poisson sample, since each example is
     drawn by one worker only.  With per-worker shards, worker ``w``'s draws use stream ``w + 1``
     of the seed, so shards never share draws.
