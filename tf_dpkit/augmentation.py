@@ -1,60 +1,12 @@
 """Augmentation multiplicity for DP-SGD (De et al. 2022, arXiv 2204.13650).
 
-Each example ``x_i`` of a batch is augmented ``K`` times with random, data-INDEPENDENT
-transformations ``a_1 .. a_K``; the example's contribution to the step is the clipped MEAN of
-the ``K`` copies' gradients,
-
-    S = sum_i clip_C( (1/K) sum_k grad_theta L(f(a_k(x_i)), y_i) ),
-    clip_C(g) = g * min(1, C / ||g||_2),
-
-and the DP optimizer releases ``(S + N(0, sigma^2 C^2 I)) / n`` with ``n`` the expected number
-of EXAMPLES per batch (``expected_batch_size = qN`` for Poisson batches), not of augmented rows.
-
-    model.compile(optimizer=tf_dpkit.DPGradientDescentGaussianOptimizer(...),
-                  loss=..., augmentation=tf_dpkit.AugmentationMultiplicity(flip_and_crop, 8))
-    model.fit(tf_dpkit.data.poisson_batches(...))
-
-Privacy.  The privacy unit is the example, and it enters ``S`` through one term of norm at most
-``C`` whatever its ``K`` copies are; so adding or removing one example moves ``S`` by at most
-``C``, exactly as without augmentation, and the accounting (Poisson rate ``q`` over examples,
-noise multiplier sigma) is unchanged.  The augmentations' randomness is drawn independently of
-the data and independently for every copy of every example at every step (from a secret key),
-so the step is a mixture, over that randomness, of Gaussian mechanisms of sensitivity ``C``:
-giving each example the same draws in the two neighbouring datasets (a valid coupling, since
-the draws are i.i.d. whatever position an example takes in the batch) pairs the mixtures' parts
-so that each pair differs by one clipped term, and by joint convexity of the privacy loss
-divergence the step is no less private than one such Gaussian mechanism.
-Clipping each augmented ROW separately instead would let one example move ``S`` by ``K C``
-(tested as a positive control).
-
-Contract of ``augment_fn(example, seed) -> augmented example``:
-
-* ``example`` is ONE example, the structure of the model's ``x`` without the batch axis (the
-  function is mapped over the rows with ``tf.vectorized_map``, falling back to ``tf.map_fn``,
-  so it never sees another example and cannot mix examples; mixup / cutmix across examples are
-  impossible by construction);
-* ``seed`` is an int64 tensor of shape [2]: its ONLY source of randomness.  Use stateless ops
-  (``tf.image.stateless_random_flip_left_right(example, seed)``,
-  ``tf.image.stateless_random_crop``, ``tf.random.stateless_uniform(..., seed=seed)``); a
-  stateful random op (``tf.random.uniform``) would not be reproducible and, under
-  ``vectorized_map``, may not even differ between copies;
-* it returns the structure of ``example``; every copy must have one shape and dtype (they are
-  stacked).  Only ``x`` is augmented: ``y`` and ``sample_weight`` are repeated ``K`` times.
-  When it changes the shape (a crop), build the model with a ``keras.Input`` of the augmented
-  shape.
-
-Seeds.  Copy ``k`` of the example in row ``i`` gets the ``i*K + k``-th pair of a stateless
-draw seeded by ``fold_in((key, step), draw)`` (and the replica id under a ``tf.distribute``
-strategy), where ``key`` is this object's key (``seed`` when given, else secret, from the
-operating system, like the noise key of ``tf_dpkit.noise``), ``step`` the optimizer's
-``iterations`` and ``draw`` this object's call counter; every call therefore augments with
-fresh randomness (also the micro-steps of gradient accumulation, which share ``iterations``).
-
-Refused: ``K`` outside the integers [1, 1024]; ``K > 1`` with an optimizer whose
-``num_microbatches`` is set (a microbatch of several examples would be a different privacy
-unit); an ``augment_fn`` that is not callable or returns another structure.  ``K = 1`` clips
-exactly as without the feature (each example its own microbatch).  Not saved in ``.keras``
-files (``augment_fn`` is Python code): compile a loaded model with it again.
+Each example is augmented ``K`` times by ``augment_fn(example, seed)`` (one example, stateless
+ops keyed by ``seed`` only) and contributes the clipped MEAN of its ``K`` copies' gradients, so
+the sensitivity stays ``C`` and the accounting (rate ``q`` over examples, noise multiplier) is
+unchanged; the optimizer still divides by the expected number of EXAMPLES.  Refused: ``K``
+outside [1, 1024], ``K > 1`` with ``num_microbatches``, a non-callable ``augment_fn`` or one
+that changes the structure.  Privacy argument, seeds and the full contract:
+docs/design/augmentation.md.
 """
 from __future__ import annotations
 

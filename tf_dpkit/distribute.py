@@ -1,68 +1,12 @@
 """DP-SGD under ``tf.distribute``: one step over the global batch, whatever the replicas.
 
-Supported: the default strategy, ``OneDeviceStrategy``, ``MirroredStrategy`` (several devices
-of one host) and ``MultiWorkerMirroredStrategy`` (several hosts).  Every other strategy
-(``ParameterServerStrategy``, ``CentralStorageStrategy``, ``TPUStrategy``, ...) is refused when
-the first private gradient is computed, with an error naming it.
-
-Semantics, identical in distribution to single-device DP-SGD over the global batch:
-
-* each replica clips every example (microbatch) of its local batch once and sums: ``S_r``;
-* each replica adds a noise term ``Z_r`` (the replicas' noise seeds differ by their replica id
-  folded into the key) and divides by the *global* normaliser ``n``: the expected global batch
-  size ``qN`` (``expected_batch_size``), else the number of microbatches of the global batch
-  (summed across replicas).  ``Z_r`` is, by :func:`noise_part`:
-  - replicas of one process (``MirroredStrategy``): ``N(0, sigma^2 C^2)`` on replica r's slice
-    of every variable (slice r of R consecutive slices of the flattened variable) and 0
-    elsewhere, so each replica draws 1/R of the normals;
-  - several workers (``MultiWorkerMirroredStrategy``): ``N(0, sigma^2 C^2 / R I)`` on every
-    element (a share);
-* the optimizer's update then sums the replicas' gradients (Keras all-reduces with SUM), giving
-  ``(sum_r S_r + sum_r Z_r) / n`` with ``sum_r Z_r ~ N(0, sigma^2 C^2 I)`` either way (slices:
-  every element gets exactly one full draw; shares: R independent draws of variance 1/R each):
-  exactly one Gaussian release of the global clipped sum per step, and every replica applies
-  that same update.
-
-Why per-replica terms instead of one draw: a single draw would have to be made on one replica
-and broadcast (an extra collective per step, or equal keys on every replica, which would make
-replica r's term known to all); the terms need no communication beyond the gradient all-reduce
-Keras does anyway, and their sum has exactly the accounted distribution.  Why slices within a
-process and shares across workers: a slice leaves the replica's partial sum ``S_r`` without
-noise outside its slice, which is harmless where all partial sums live in one process's memory
-(as the clipped per-example gradients do), while the all-reduce across workers sends partial
-sums over the network, where a share keeps each worker's contribution noised (variance
-``sigma^2 C^2 / R``) against the other workers.  Only the total is released.
-
-Noise keys: the optimizer's key (secret unless ``seed`` is given) may be the same on every
-replica and worker (a variable made in the strategy's scope is mirrored, on several workers from
-worker 0); that is the design: each replica folds its id in the sync group (global across
-workers) into the seed, so no two replicas draw the same stream, and the key itself stays out
-of every config, checkpoint and graph as without a strategy (``tf_dpkit.noise``).
-
-``num_microbatches`` counts the microbatches of the *global* batch: each of the R replicas
-splits its local batch into ``num_microbatches / R`` microbatches, so it must be a multiple of
-R and ``num_microbatches / R`` must divide every local batch.  The privacy accountant counts
-global steps (the optimizer's ``iterations``), once.  Every worker runs the same
-``PrivacyBudget`` on the same step count, so all compute the same epsilon and stop at the same
-step (a budget stop stops every worker); only the chief (:func:`is_chief`) prints.
-
-Poisson sampling under several replicas: ``tf_dpkit.data.distributed_poisson_batches`` gives
-each replica its own disjoint part of every Poisson batch (their union is a Poisson sample of
-the whole data set, so the accounting is that of one device); a plain ``poisson_batches``
-dataset is refused by DP models' ``fit`` under several replicas.
-
-Host memory on CPUs (speed only, never the result): under a strategy TensorFlow runs a step's
-kernels on its worker threads, whose glibc ``malloc`` arenas give large freed blocks back to the
-operating system, so a kernel that takes a large scratch buffer every step touches fresh pages
-every step.  With a top pad every arena keeps that much freed memory instead.  Importing
-tf_dpkit changes nothing in the process; a training script that runs under a strategy on CPUs
-calls :func:`keep_freed_host_memory` at its top, before TensorFlow runs an op or a strategy is
-created (the only time the setting takes effect, so tf_dpkit cannot make it later on the
-script's behalf), which sets a 64 MiB pad (glibc only, never over a ``MALLOC_*`` setting of the
-user's, and not with ``TF_DPKIT_KEEP_FREED_MEMORY=0``); starting the process with
-``MALLOC_TOP_PAD_=67108864`` does the same from outside.  :func:`host_keeps_freed_memory` says
-whether either holds, and the conv rule then uses its faster first-layer op under a strategy
-too (else it unfolds patches: the same values, slower, reported once).
+Supported: no strategy, ``OneDeviceStrategy``, ``MirroredStrategy`` and
+``MultiWorkerMirroredStrategy``; any other strategy is refused at the first private gradient.
+Each replica clips its examples, adds its noise term (:func:`noise_part`) and divides by the
+global normaliser; the all-reduced sum is one Gaussian release of std ``sigma C`` on the
+global clipped sum, as on one device.  ``num_microbatches`` counts the global batch's
+microbatches (a multiple of the replicas).  The noise split, keys, budget and host-memory
+setting: docs/design/distribute.md.
 """
 from __future__ import annotations
 

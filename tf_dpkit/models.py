@@ -1,43 +1,11 @@
 """Private ``model.fit``: Keras models whose ``train_step`` runs DP-SGD.
 
-Keras computes the batch-summed gradient inside ``Model.train_step``, so an optimizer alone
-cannot make ``fit`` private.  ``make_dp_model_class(Base)`` returns a subclass of ``Base`` whose
-``train_step``
-
-1. evaluates the compiled loss per example (the loss passed to ``compile`` is used
-   *unreduced*: you may pass it with any reduction, the per-example values are taken from
-   ``Loss.call`` / the loss function, and ``sample_weight`` multiplies them),
-2. gets the clipped sum of microbatch gradients with the fast per-layer path (functional and
-   Sequential models) or ``tf.vectorized_map`` over microbatches (any model); see
-   ``tf_dpkit.private_gradients`` and the ``per_example_method`` attribute,
-3. clips, sums, noises and averages with the DP optimizer's settings (the optimizer is the
-   single source of truth: ``l2_norm_clip``, ``noise_multiplier``, ``num_microbatches``),
-4. adds the gradient of the data-independent weight regularisers *after* clipping,
-5. applies the update and updates the metrics with the predictions of step 2 (no second
-   forward pass).
-
-``compile(..., augmentation=tf_dpkit.AugmentationMultiplicity(augment_fn, multiplicity=K))``
-turns each batch of B examples into B*K augmented rows (each example's K copies consecutive)
-before step 1, and step 2 clips each example's MEAN gradient over its K copies as one unit, so
-the optimizer still sees B clipped contributions (``tf_dpkit.augmentation``); the loss logged
-is the mean over examples of each example's mean over its copies, the metrics are over rows.
-
-Compiling with a non-DP optimizer raises ``TypeError``.  Models with several outputs take a
-list or dict of losses (and ``loss_weights``); each example's loss is the weighted sum over
-outputs.  ``activity_regularizer`` and ``add_loss`` (batch-level, data-dependent losses that
-cannot be clipped per example) are refused.  When the model's output carries a Keras mask
-(e.g. after ``Embedding(mask_zero=True)`` in a sequence model), each example's loss is the
-mean over its unmasked positions.
-
-Mixed precision: under ``mixed_bfloat16`` and ``mixed_float16`` per-example norms, clip factors
-and clipped sums are formed in float32.  Under ``mixed_float16`` the DP model does NOT let Keras
-wrap the optimizer in a ``LossScaleOptimizer`` (``compile`` passes ``auto_scale_loss=False``;
-passing ``auto_scale_loss=True`` or a ``LossScaleOptimizer`` is refused): dynamic loss scaling
-skips steps and changes its scale depending on the private batch, a release the accountant does
-not cover.  Instead the gradients are computed at the optimizer's static loss scale
-(``optimizer.static_loss_scale(model)``: its ``loss_scale_factor``, default 2**10 under
-float16) and divided by it before clipping; a microbatch whose gradient overflows contributes
-zero, so every step is taken and the sensitivity stays ``C``.
+``make_dp_model_class(Base)`` (``DPSequential``, ``DPModel``) evaluates the compiled loss per
+example (any reduction), clips and noises with the compiled DP optimizer's settings (the single
+source of truth), adds weight regularisers after clipping and updates metrics without a
+second forward pass.  Refused: a non-DP optimizer, ``activity_regularizer`` / ``add_loss``,
+dynamic loss scaling.  Steps, augmentation, masks and mixed precision:
+docs/design/models.md.
 """
 from __future__ import annotations
 

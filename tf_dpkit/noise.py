@@ -1,39 +1,11 @@
 """Keyed Gaussian noise for the private gradient sum.
 
-Noise is drawn from a *stateless* generator: draw ``d`` at optimizer step ``t`` is seeded by
-``fold_in((key, t), d)`` and variable ``i`` gets the stream ``fold_in(that, i)`` (64-bit
-fold-ins throughout, so every stream depends on all 62 bits of the key).  DP optimizers count
-their draws ``d`` in a variable, so two private gradients computed at the same step (two
-``compute_gradients`` calls before an ``apply``) never share noise.  Hence
-
-* with an explicit ``seed`` the noise is a pure function of ``(seed, step)``: reproducible runs
-  and tests, no hidden generator state to checkpoint;
-* without one, ``key`` comes from the operating system's entropy source (``secrets``), lives
-  only in process memory and is never written into a config or a checkpoint.  Two processes
-  never share noise, also when one resumes the other's checkpoint.
-
-The key never becomes a graph constant (:class:`SecretInt`): a traced step reads it from a
-variable that no checkpoint tracks (TF2), or a ``tf.compat.v1`` graph fetches it from Python
-with a ``py_func`` when it runs.  So graph exports (``.meta`` files, ``tf.summary.trace_export``,
-SavedModels) and checkpoints hold no key, and the noise of a step cannot be recomputed from
-them.  The same holds for the data pipelines' sampling seeds.
-
-Noise is created inside ``tf.device(variable.device)`` so it is drawn on the device that holds
-the model (GPU when the model is there), next to the gradient it is added to.
-
-Samplers: on CPU, float32 normals come from compiled kernels (``tf_dpkit.native``, built on
-first use) that reproduce the TensorFlow-op sampler below, the same Philox uniforms bit for bit
-and normals within a few float32 ulps, at about a third of its cost; the TensorFlow-op sampler
-is used on accelerators, for float64, inside XLA-compiled functions and wherever the kernels
-cannot be built (one warning says so).  Either way the noise is a function of the key and the
-step only.
-
-Floating-point caveat: DP proofs assume real-valued Gaussian noise.  Floating-point samplers
-have gaps in their support that can, in principle, leak information (Mironov 2012, "On
-significance of the least significant bits for differential privacy"; Jin et al. 2022 for
-Gaussian samplers).  Like every mainstream DP-SGD library we draw float noise (Philox
-uniforms and the Box-Muller transform, the algorithm of TensorFlow's own normal sampler; see
-:func:`stateless_standard_normal`) and do not claim protection against this attack.
+Draw ``d`` at optimizer step ``t`` is stateless, seeded by ``fold_in((key, t), d)``: with a
+``seed`` the noise is a pure function of ``(seed, step)``; without one the key is secret (OS
+entropy), lives only in process memory and never reaches a config, checkpoint or graph
+(:class:`SecretInt`).  Float32 CPU draws use ``tf_dpkit.native`` when available.  Floating-
+point samplers are not claimed safe against least-significant-bit attacks.  Details:
+docs/design/noise.md.
 """
 from __future__ import annotations
 

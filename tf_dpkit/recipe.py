@@ -1,40 +1,10 @@
 """Training ingredients that cost no privacy: weight averaging (EMA) and a learning-rate schedule.
 
-They plug into the one-configuration path (:func:`tf_dpkit.make_private`) or any ``fit`` with a
-tf_dpkit DP optimizer::
-
-    private = tf_dpkit.make_private((x, y), batch_size=2048, epochs=40, l2_norm_clip=0.1,
-                                    target_epsilon=3.0, delta=1e-5)
-    schedule = recipe.LinearDecayTail(8.0, total_steps=private.steps)
-    model.compile(optimizer=private.optimizer(keras.optimizers.SGD, learning_rate=schedule,
-                                              momentum=0.8, use_ema=True, ema_momentum=0.99),
-                  loss=..., metrics=["accuracy"])
-    model.fit(**private.fit_arguments(callbacks=[recipe.EMAEvaluation()]),
-              validation_data=test)
-
-Privacy argument (one for all three): the accountant's inputs are the sampling probability q,
-the noise multiplier sigma and the number of steps; the Gaussian mechanism releases the noisy
-clipped gradient sum at every step, and each ingredient only changes what is computed FROM the
-released sums and the public step index, so by closure of DP under post-processing the
-(epsilon, delta) of the run is exactly that of the same q, sigma and steps without it:
-
-* momentum / any Keras update rule: the update is a function of the released noisy gradients
-  (``tf_dpkit.optimizers.keras_optimizer``);
-* :class:`LinearDecayTail` (or any ``keras.optimizers.schedules`` schedule): eta_t depends on
-  the step index t alone, never on the data;
-* EMA (Keras's ``use_ema=True, ema_momentum=m``): a_t = m a_{t-1} + (1 - m) w_t with a_1 = w_1
-  (Keras sets the momentum to 0 on the first step), where w_t are the weights after step t,
-  themselves post-processing of the released gradients.  Evaluating or publishing a_t instead
-  of w_t is free.
-
-Contract of :class:`EMAEvaluation`: with an optimizer built with ``use_ema=True``, every
-evaluation that Keras runs inside ``fit`` (``validation_data``; ``model.evaluate`` called with
-this callback) sees the averaged weights a_t, and the raw weights w_t are put back afterwards,
-so training continues from the raw iterates exactly as without the callback.  Keras itself
-copies the averages into the model at the end of ``fit`` (``finalize_variable_values``), so the
-final model is the averaged one and the last epoch's validation metrics are its metrics.
-Without the callback Keras validates the raw weights during ``fit`` although it returns the
-averaged model.
+:class:`LinearDecayTail` (a schedule of the step index only) and :class:`EMAEvaluation`
+(evaluate with Keras's ``use_ema`` averages during ``fit``, then restore the raw weights) only
+post-process the released noisy gradients, so the run's epsilon is that of the same q, sigma
+and steps without them.  Example, privacy argument and the callback's contract:
+docs/design/recipe.md; usage: docs/guides/published_accuracy.md.
 """
 from __future__ import annotations
 

@@ -1,38 +1,11 @@
 """One DP-SGD training configuration: optimizer, batch pipeline and budget from the same numbers.
 
-    private = tf_dpkit.make_private((x_train, y_train), batch_size=256, epochs=60,
-                                    l2_norm_clip=1.0, target_epsilon=3.0, delta=1e-5)
-    model.compile(optimizer=private.optimizer(keras.optimizers.SGD, learning_rate=0.15),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(**private.fit_arguments())      # the pipeline, epochs, steps, PrivacyBudget
-    private.epsilon                           # what the whole run spends (planned)
-
-Contract: the optimizer (its noise multiplier, clipping norm, microbatches and normaliser), the
-batches and the :class:`tf_dpkit.budget.PrivacyBudget` are all built from one
-:class:`DPTraining`, and the epsilon it states (:attr:`DPTraining.epsilon`), the noise it
-calibrates and the epsilon the callback logs are all those of one event,
-:attr:`DPTraining.event` (``analysis.dp_sgd.dp_sgd_event``).  So the numbers cannot disagree:
-
-* ``sampling="poisson"`` (default): every example joins each batch independently with
-  probability ``q = batch_size / N`` (``tf_dpkit.data.poisson_batches``, secret seed), the
-  optimizer divides by the expected batch size ``qN``; ``steps_per_epoch = ceil(N / b)``.
-* ``sampling="shuffle"``: every epoch a fresh permutation cut into ``N // b`` batches of ``b``
-  (``tf_dpkit.data.shuffled_batches``, the remainder dropped); no amplification is claimed.
-  ``num_microbatches`` is allowed here only (Poisson batches have variable size).
-* ``gradient_accumulation_steps=k`` (virtual batches, ``tf_dpkit.optimizers.accumulation``):
-  ``batch_size`` is the LOGICAL batch; the pipeline emits each logical batch as k disjoint
-  chunks, the optimizer noises and steps once per logical batch, ``fit`` runs
-  ``k * steps_per_epoch`` micro-steps per epoch, and the event, epsilon and budget count
-  logical steps (the same numbers as without k).
-* ``augmentation=tf_dpkit.AugmentationMultiplicity(augment_fn, K)`` (``tf_dpkit.augmentation``):
-  kept as :attr:`DPTraining.augmentation` for ``model.compile(..., augmentation=
-  private.augmentation)``.  Each example's K copies are clipped as one unit, so the event,
-  epsilon, noise, normaliser and batches are those of the same run without it.
-
-Any two of ``noise_multiplier``, ``epochs`` and ``target_epsilon`` determine the third:
-calibrated noise for a budget, the largest number of whole epochs within a budget, or the
-epsilon of given noise and epochs; with all three, the run must fit the budget.  The lower
-level pieces (DP optimizers, ``poisson_batches``, ``PrivacyBudget``) stay usable on their own.
+:func:`make_private` returns a :class:`DPTraining` whose optimizer, batches
+(``fit_arguments()``) and :class:`tf_dpkit.budget.PrivacyBudget` are built from one event
+(:attr:`DPTraining.event`), so the epsilon it states, the noise it calibrates and the epsilon
+the callback logs cannot disagree.  Any two of ``noise_multiplier``, ``epochs`` and
+``target_epsilon`` determine the third.  Sampling modes, virtual batches and augmentation:
+docs/design/training.md; usage: docs/guides/make_private.md.
 """
 from __future__ import annotations
 

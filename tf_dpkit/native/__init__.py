@@ -1,60 +1,11 @@
-"""Compiled CPU kernels for the noise draw and the Embedding and convolution rules, built from
-source once per machine and loaded only after their bytes are verified.
+"""Compiled CPU kernels for the noise draw and the Embedding and convolution rules.
 
-Contract:
-
-* Three kernel families, each its own library: ``"noise"`` (``noise_kernels.cc``),
-  ``"embedding"`` (``embedding_kernels.cc``) and ``"conv"`` (``conv_kernels.cc``); one that
-  cannot be built, loaded or trusted leaves the other two in use.
-* :func:`kernels_for` decides, in one place, whether work of a dtype on a device may use a
-  family: float32 work, on a CPU (or unplaced while TensorFlow sees no GPU/TPU), outside
-  XLA-compiled functions, and the family's library built, verified and self-checked.  Otherwise
-  the callers (``tf_dpkit.noise``, ``tf_dpkit.clipping.rules.embedding``,
-  ``tf_dpkit.clipping.rules.conv``) use their TensorFlow-op code, which computes the same
-  quantities.
-* Ops (float32, CPU): ``dpkit_stateless_normal(shape, key, counter)`` and
-  ``dpkit_add_stateless_normal(x, stddev, key, counter)`` (noise: the same Philox-4x32-10
-  uniforms as TensorFlow's stateless ops for ``(key, counter)`` from
-  ``StatelessRandomGetKeyCounter``, bit for bit, and the Box-Muller pairing of
-  ``tf_dpkit.noise``; only log/sin/cos are computed differently, a few float32 ulps);
-  ``dpkit_token_squared_norms(ids, rows, vocab)`` and ``dpkit_scatter_scaled_rows(ids, rows,
-  factors, vocab)`` (embedding: the Embedding rule's per-microbatch norms and clipped sum);
-  ``dpkit_conv_kernel_grad_squared_norms(x, g, num_groups, kernel_size, strides, dilations,
-  pads, with_bias, keep_grads)`` (conv: a convolution's per-microbatch kernel-gradient squared
-  norms (with the bias part), bias gradients and, optionally, kernel gradients, without
-  unfolding patches).
-* Built ahead of time by ``python -m tf_dpkit.native build`` (run once after installing), else
-  on first use (one log line says so), once per source text, TensorFlow build, compiler and CPU
-  (``-march=native``) into a cache folder: ``$TF_DPKIT_CACHE_DIR``, else
-  ``$XDG_CACHE_HOME/tf_dpkit``, else ``~/.cache/tf_dpkit``.  ``$CXX`` names the compiler
-  (default ``g++``, else ``c++``).  ``TF_DPKIT_NATIVE=0`` turns the kernels off.  The
-  compiler's messages (warnings included) go to ``<library>.log`` beside the library;
-  :func:`status` names it.
-* What is loaded is what this user built (the process holds the noise key, so a library
-  planted by anyone else must never run in it):
-
-  - the cache folder is created with mode 0700 and refused when it is not owned by this user
-    or is writable by group or others; checks apply to the folder as opened (a symbolic link
-    to a folder is followed, and what it points to is checked), and every file in it is then
-    reached relative to that open folder, so renaming folders above it changes nothing;
-  - builds run under ``<library>.lock``, opened without following symbolic links (mode 0600);
-    the compiler writes into a private temporary folder, and the bytes are then placed in the
-    cache together with their SHA-256 in ``<library>.sha256``;
-  - before every load the library and its digest file are opened without following links and
-    must be regular files owned by this user and not writable by group or others; the
-    library's bytes are read once and hashed, compared with the digest this process recorded
-    when it built them (else the digest file), and exactly those bytes are loaded (from a
-    sealed anonymous in-memory file, so the file on disk may change afterwards without effect).
-    A library without a digest file is rebuilt; one that does not match its digest, a link,
-    or a file of another owner or mode is refused (the TensorFlow ops are used, and
-    :func:`status` says why and how to rebuild).  What remains is trust in this user's own
-    account and in root, who can change any file.
-* A library is used only after a self-check at load time against float64 numpy references
-  (Box-Muller of TensorFlow's own uniforms; brute-force token sums; brute-force convolution
-  kernel gradients).  Any failure (no compiler, a compile error, a refused file, a failed
-  check) logs one warning on the ``tf_dpkit`` logger and leaves the TensorFlow-op code in use:
-  never a different noise distribution or clipping, only slower.
-* The library holds no secret: the noise key reaches the kernels only as a run-time input.
+Built from source once per machine (``python -m tf_dpkit.native build``, else on first use)
+into a cache folder of this user, and loaded only after their bytes are verified and a
+self-check against numpy references passes; :func:`kernels_for` decides in one place where a
+family may be used.  Any failure logs one warning and leaves the TensorFlow-op code (same
+quantities, slower) in use; ``TF_DPKIT_NATIVE=0`` turns them off.  The ops, the cache and the
+load checks: docs/design/native.md.
 """
 from __future__ import annotations
 

@@ -1,70 +1,12 @@
 """Virtual batches: DP-SGD over a logical batch assembled from ``k`` physical micro-batches.
 
-A DP optimizer built with ``gradient_accumulation_steps=k`` (k >= 2) runs one DP-SGD step per
-*logical* batch ``B = B_1 u ... u B_k`` (its ``k`` *micro-batches*, fed one per call):
-
-* micro-steps ``1 .. k-1``: the clipped sum ``S_j = sum_{i in B_j} clip_C(g_i)`` (per example,
-  or per microbatch with ``num_microbatches``) is added to an accumulator; nothing is noised,
-  released or applied, the model and the optimizer state (``iterations``, Adam's moments, ...)
-  do not change;
-* micro-step ``k``: the one private gradient of the logical batch,
-
-      g~ = (S_1 + ... + S_k + N(0, sigma^2 C^2 I)) / n,
-
-  is computed by the optimizer's ordinary path (``DPSettings.private_average``: noise keyed by
-  ``(key, iterations, draw)``), applied with the wrapped optimizer's update rule, and the
-  accumulator is reset.  ``n`` is ``expected_batch_size`` when set (the expected size of the
-  LOGICAL batch, ``qN``), else the number of microbatches of all ``k`` micro-batches together.
-  ``iterations`` counts logical steps: it grows by one per release, so learning-rate schedules,
-  the noise seed and :class:`tf_dpkit.budget.PrivacyBudget` all see logical steps.
-
-Privacy.  The released value is that of one DP-SGD step on ``B`` with noise multiplier sigma,
-*provided every example joins at most one of the k micro-batches*: then removing one example
-changes ``S_1 + ... + S_k`` by at most ``C`` (per-example clipping; ``2C`` per microbatch of
-several examples, as without accumulation).  This holds for
-
-* **Poisson sampling**, when ``B`` is ONE Poisson sample of rate ``q`` split into ``k``
-  disjoint chunks: ``tf_dpkit.data.poisson_batches(..., gradient_accumulation_steps=k)``
-  (the Opacus ``BatchMemoryManager`` construction).  It is accounted as one Poisson-subsampled
-  Gaussian step of rate ``q`` (``analysis.dp_sgd.dp_sgd_event``).  ``k`` *independent*
-  Poisson micro-batches are NOT one Poisson batch: an example may be drawn into two of them
-  and move the noised sum by ``2C``, so no DP-SGD epsilon of rate ``q`` (or ``kq``) holds for
-  them; ``PrivacyBudget`` refuses a Poisson pipeline that was not split this way.
-* **shuffled batches**, when the ``k`` micro-batches are consecutive parts of one epoch's
-  permutation: a logical batch of ``k b`` distinct examples, ``steps_per_epoch / k`` logical
-  steps per epoch (``k`` must divide the micro-batches per epoch, else a logical batch would
-  straddle two permutations and could hold one example twice).  This is checked, not
-  repaired: ``fit`` on in-memory arrays (:func:`check_array_epochs`) refuses a batch count
-  per epoch (or ``steps_per_epoch``) that ``k`` does not divide, with or without a
-  ``PrivacyBudget``.
-
-Why the Poisson chunk count is fixed.  The optimizer must know, without looking at the data,
-which micro-step ends a logical batch.  A data-dependent chunk count (``ceil(|B| / P)``) would
-need a flag passed beside the data, which Keras ``fit`` has no slot for, so every logical
-batch is split into exactly ``k`` chunks of balanced sizes ``ceil(|B| / k)`` or ``floor(|B| /
-k)``; chunks left empty (``|B| < k``) hold one example of weight 0, whose clipped gradient is
-exactly 0.  The split is a function of ``B`` alone, so the released sum -- and the privacy
-analysis -- is the same for every split.  A chunk exceeds a memory cap ``P`` only when
-``|B| > kP``; :func:`accumulation_steps_for_memory` picks the smallest ``k`` for which that
-has probability at most a given bound, and
-``tf_dpkit.data.poisson_batches_for_memory`` builds such a pipeline from ``P``.
-
-Noise keys.  Noise is drawn only at releases, keyed by ``(key, iterations, draw)`` where
-``iterations`` is the logical step and ``draw`` the optimizer's draw counter, which also
-advances only at releases: every logical step gets fresh noise.
-
-What is never stored.  The accumulator holds un-noised clipped sums, which are not private.
-It lives in plain ``tf.Variable`` s held by a Python object that no Keras or TensorFlow
-checkpoint tracks (not in ``optimizer.variables``, ``.keras`` files or ``save_weights``).  A
-checkpoint taken in the middle of a logical batch therefore does not resume that batch: its
-micro-batches are dropped unreleased (no privacy cost, nothing recorded), and training
-continues with a fresh logical batch.
-
-Not supported (refused with ``NotImplementedError`` before any step): ``MirroredStrategy`` and
-``MultiWorkerMirroredStrategy``, with any number of replicas (Keras applies the update in a
-cross-replica merge, which TensorFlow cannot run inside the release condition, and each replica
-would need its own accumulator); no strategy and ``OneDeviceStrategy`` work.  Keras's own
-``gradient_accumulation_steps`` is not used (it would noise every micro-step).
+With ``gradient_accumulation_steps=k`` micro-steps ``1..k-1`` only add clipped sums to an
+untracked accumulator; micro-step ``k`` releases ``(S_1 + ... + S_k + N(0, sigma^2 C^2 I)) / n``
+and steps once, so ``iterations`` and the accountant count logical steps.  Private only when
+every example joins at most one micro-batch: one Poisson sample split in ``k`` chunks
+(``poisson_batches(..., gradient_accumulation_steps=k)``) or consecutive shuffled batches.
+Refused under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy``.  The privacy argument,
+chunking and checkpoints: docs/design/optimizers_accumulation.md.
 """
 from __future__ import annotations
 

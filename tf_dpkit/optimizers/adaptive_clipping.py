@@ -1,40 +1,12 @@
 """Adaptive clipping for the Keras DP optimizers (Andrew, Thakkar, McMahan, Ramaswamy 2021).
 
-    optimizer = tf_dpkit.DPAdamGaussianOptimizer(
-        l2_norm_clip=1.0,                       # C_0, the initial clip norm
-        noise_multiplier=1.1,                   # z: what the accountant uses, as without it
-        adaptive_clipping=tf_dpkit.AdaptiveClipping(target_quantile=0.5, learning_rate=0.2),
-        expected_batch_size=256, learning_rate=1e-3)
-
-Contract (the maths and the privacy argument are in ``analysis.adaptive_clipping``):
-
-* the clip norm ``C_t`` is a non-trainable optimizer variable (``dp_adaptive_l2_norm_clip``,
-  returned by ``optimizer.l2_norm_clip_for_step()``), part of the optimizer state like the
-  privacy ledger, so ``.keras`` files and weight checkpoints save and restore it; it is logged
-  as ``l2_norm_clip`` in ``fit``'s logs;
-* every clipping path (``fit`` of DP models, ``private_gradients``, ``minimize`` /
-  ``compute_gradients``) clips at ``C_t`` (``optimizer.l2_norm_clip_for_step()``), and
-  ``privatize`` refuses a clipped sum clipped at anything else;
-* ``privatize`` then releases the clipped sum with noise ``N(0, (z_Delta C_t)^2 I)`` and the
-  recentred count of unclipped examples (microbatches) ``sum_i (1[||g_i|| <= C_t] - 1/2)``
-  with noise ``N(0, sigma_b^2)`` (a microbatch whose gradient is exactly zero, e.g. a weight-0
-  placeholder of an empty Poisson draw, contributes 0: :func:`recentred_bits`), with
-  ``z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2``
-  (``analysis.adaptive_clipping.sum_noise_multiplier``): together one Gaussian mechanism of
-  noise multiplier ``z``, so ``noise_multiplier``, the privacy ledger and ``PrivacyBudget`` are
-  those of fixed-clip DP-SGD with ``z``;
-* the count's noise comes from the optimizer's noise key with its own stream
-  (``tf_dpkit.noise.STREAM_UNCLIPPED_COUNT``) and draw, so it is independent of the sum's;
-* then ``C_{t+1} = C_t exp(-eta_C (clamp(B~ / n + 1/2, 0, 1) - gamma))``, ``n`` the optimizer's
-  normaliser (``expected_batch_size``, else the number of microbatches of the batch).
-
-Under a ``tf.distribute`` strategy with R replicas each replica adds an independent share of
-both noises (variances ``(z_Delta C_t)^2 / R`` and ``sigma_b^2 / R``) and the count is
-all-reduced, so the release is that of one device (``tf_dpkit.distribute``).
-
-Refused (``ValueError``, before any noise is drawn): ``sigma_b <= z / 2`` or a split that more
-than doubles the sum's noise, ``tf.compat.v1`` optimizers, gradient accumulation, per-layer
-clip norms and ``l2_norm_clip`` / ``noise_multiplier`` schedules.
+``adaptive_clipping=tf_dpkit.AdaptiveClipping(target_quantile, learning_rate)`` makes the clip
+norm ``C_t`` an optimizer variable (saved, logged as ``l2_norm_clip``) that every clipping path
+uses; each step releases the clipped sum and the count of unclipped examples as one Gaussian
+mechanism of the optimizer's ``noise_multiplier``, so accounting is that of fixed-clip DP-SGD
+(maths: ``analysis.adaptive_clipping``).  Refused: ``sigma_b <= z / 2``, ``tf.compat.v1``
+optimizers, accumulation, per-layer clips, schedules.  The full contract:
+docs/design/optimizers_adaptive_clipping.md.
 """
 from __future__ import annotations
 

@@ -1,43 +1,12 @@
 """TensorFlow Privacy's Keras names and signatures, implemented by tf_dpkit.
 
-For code written against TF Privacy (``tensorflow_privacy`` 0.9.0, the last release; it needs
-TensorFlow <= 2.15 and Keras 2), changing the imports is enough::
-
-    from tf_dpkit.compat.tf_privacy import DPKerasSGDOptimizer   # was tensorflow_privacy's
-    from tf_dpkit.compat import tf_privacy as tensorflow_privacy # or the whole package
-
-Contract:
-
-* Every name has TF Privacy's parameters, in TF Privacy's order, with TF Privacy's defaults
-  (table in ``tests/tf_dpkit/compat/test_tf_privacy.py``).  What TF Privacy accepted and means the
-  same here is accepted; what would mean something else raises ``ValueError``/``TypeError``
-  naming the argument and the change to make, before any noise is drawn.
-* Nothing here clips, noises, normalises or accounts by a rule of its own.  The optimizers are
-  thin subclasses of ``tf_dpkit.make_gaussian_optimizer_class(cls)`` (one step: clip each
-  microbatch gradient to ``l2_norm_clip``, sum, add ``N(0, (noise_multiplier * l2_norm_clip)^2 I)``,
-  divide by the number of microbatches: TF Privacy's ``GaussianSumQuery`` step); the models are
-  ``tf_dpkit.make_dp_model_class(cls)`` with the DP settings given to the model, as TF Privacy
-  does, and the optimizer passed to ``compile`` wrapped into its DP version; the privacy
-  statement and the noise calibration are ``analysis.compute_dp_sgd_privacy`` and
-  ``analysis.calibration``.
-* Keras 3's ``Model.fit`` gives the optimizer gradients already averaged over the batch, so a
-  DP optimizer cannot make a plain ``keras.Sequential``/``keras.Model`` private (TF Privacy's
-  Keras 2 optimizers recomputed per-microbatch gradients from the unreduced loss).  Such a model
-  refuses to train, with an error that gives the one-line change (``tf_dpkit.DPSequential(...)``
-  for ``tf.keras.Sequential(...)``; ``DPModel`` likewise).
-* The noise key is tf_dpkit's: secret (OS entropy) unless ``seed=`` is passed, never in a config.
-
-``gradient_accumulation_steps=k`` keeps TF Privacy's update distribution exactly: TF Privacy
-noised every micro-step with noise multiplier sigma, tf_dpkit noises the accumulated logical
-batch once, with sigma * sqrt(k) (the sum of k independent noises), which is then the
-optimizer's ``noise_multiplier`` and what the accountant sees.
-
-Differences on purpose (each raises or is stated where it applies): ``layer_registry``
-(tf_dpkit chooses its fast per-layer clipping itself), ``compute_noise`` with a ``noise_lbd``
-that already meets the budget (TF Privacy returned 0, i.e. no noise; here the calibrated noise),
-and the privacy statement's numbers (``analysis``' own: the once-per-epoch epsilon is exact,
-so never above TF Privacy's bound; the Poisson ones are RDP / group-privacy bounds that may
-differ from TF Privacy's by a few percent either way) and its footnote.
+Changing the imports of code written for TF Privacy 0.9.0 is enough
+(``from tf_dpkit.compat import tf_privacy as tensorflow_privacy``).  Every name has TF Privacy's
+parameters, order and defaults; what would mean something else raises ``ValueError`` /
+``TypeError`` naming the argument and the change, before any noise is drawn.  Nothing here
+clips, noises or accounts by a rule of its own (tf_dpkit's optimizers, models and ``analysis``
+do).  The contract and the differences on purpose: docs/design/compat_tf_privacy.md; the
+migration guide: docs/migration_from_tf_privacy.md.
 """
 from __future__ import annotations
 
