@@ -103,7 +103,7 @@ class PateAccountant(_accountant.Accountant):
   and shuffled events are refused with :class:`analysis.events.UnsupportedEventError`.  All
   guarantees are for neighbouring data sets whose teachers' data differ in one teacher (one
   vote moved); with the position-based partition of ``tf_dpkit.pate`` that is replacing one
-  record (:attr:`neighboring_relation`; module doc, "Neighbouring vote histograms").
+  record (:attr:`neighboring_relation`; docs/design/pate.md, "Notation and units").
 
   Args:
     orders: RDP orders for the grid, a non-empty sequence each in (1, 1e6]; default
@@ -279,7 +279,7 @@ class PateAccountant(_accountant.Accountant):
   @property
   def neighboring_relation(self) -> str:
     """``"replace_one"``: one record replaced, which changes one teacher's data under a
-    position-based partition (module doc, "Neighbouring vote histograms")."""
+    position-based partition (docs/design/pate.md, "Notation and units")."""
     return events.REPLACE_ONE
 
   def _check_atoms(self, atoms) -> None:  # compose is overridden

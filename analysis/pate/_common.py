@@ -17,7 +17,7 @@ _LOG_HALF = math.log(0.5)
 
 
 def _check_votes(name: str, votes, *, shifted: bool = False) -> np.ndarray:
-  """``votes`` as a read-only 1-D float64 array; see the module docstring for the ranges."""
+  """``votes`` as a read-only 1-D float64 array; see docs/design/pate.md for the ranges."""
   kind = "real numbers" if shifted else "non-negative integer vote counts"
   if votes is None or isinstance(votes, (str, bytes, dict, set)):
     raise ValueError(f"{name} must be a 1-D array of {kind} (one per class), got "

@@ -31,7 +31,7 @@ def _log_q_gnmax(votes: np.ndarray, sigma: float) -> float:
 def log_q_gnmax(votes, sigma: float) -> float:
   """log of PATE 2018 Proposition 7's bound on q = Pr[GNMax answer != argmax votes].
 
-  q <= sum_{i != i*} Phi(-(n_i* - n_i) / (sqrt(2) sigma)), capped at 1 - 1/m (see module doc);
+  q <= sum_{i != i*} Phi(-(n_i* - n_i) / (sqrt(2) sigma)), capped at 1 - 1/m (docs/design/pate.md);
   -inf for one class (the answer is fixed).
 
   Args:
@@ -58,7 +58,7 @@ def rdp_gnmax(votes, sigma: float, orders):
   """Data-dependent RDP of one GNMax answer on ``votes`` (PATE 2018, Theorem 6 + Prop. 7).
 
   The bound on D_lambda(M(votes) || M(votes')) for every neighbour votes' (one vote moved);
-  at most :func:`rdp_gnmax_data_independent`; 0 for one class.  Formulas: module docstring.
+  at most :func:`rdp_gnmax_data_independent`; 0 for one class.  Formulas: docs/design/pate.md.
 
   Args:
     votes: per-class vote counts (non-negative integers, at least one class).
@@ -162,7 +162,7 @@ def log_q_lnmax(votes, laplace_scale: float) -> float:
 
 
 def rdp_lnmax_data_independent(laplace_scale: float, orders):
-  """RDP of one LNMax answer for any votes (see the module docstring).
+  """RDP of one LNMax answer for any votes (docs/design/pate.md).
 
   min(randomized response at eps = 2 / b, 2 x Laplace mechanism RDP at noise multiplier b);
   both exact for what they describe, and at most eps = 2 / b (the value at order inf).

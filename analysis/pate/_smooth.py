@@ -87,7 +87,7 @@ _GRID_POINTS = 20001
 
 @functools.lru_cache(maxsize=256)
 def _gnmax_table(s: float, order: float, m: int):
-  """Cell bounds on G for GNMax's local sensitivity (module docstring), or None if F is constant.
+  """Cell bounds on G for GNMax's local sensitivity (docs/design/pate.md), or None if F is constant.
 
   Returns ``(grid, bounds, c5)``: ``grid`` increasing log q values g_0 < ... < g_N = log(1 - 1/m);
   ``bounds[0]`` bounds G on (0, e^g_0] and ``bounds[k + 1]`` bounds G on [e^g_k, e^g_(k+1)]:
@@ -109,12 +109,96 @@ def _gnmax_table(s: float, order: float, m: int):
   return grid, bounds, c5
 
 
+def _gnmax_g_many(logq, s: float, order: float, m: int) -> np.ndarray:
+  """G(q) = max(F(B_U(q)) - F(q), F(q) - F(B_L(q)), 0) >= LS at each log q, for F non-decreasing."""
+  logq = np.asarray(logq, dtype=np.float64).ravel()
+  f = _theorem6(logq, s, [order])[:, 0]
+  up = _theorem6(_shift_logq(logq, m, _SQRT2 / s), s, [order])[:, 0]
+  down = _theorem6(_shift_logq(logq, m, -_SQRT2 / s), s, [order])[:, 0]
+  return np.maximum(np.maximum(up - f, f - down), 0.0)
+
+
 def _gnmax_g(logq: float, s: float, order: float, m: int) -> float:
-  """G(q) = max(F(B_U(q)) - F(q), F(q) - F(B_L(q))) >= LS, for F non-decreasing."""
-  f = _theorem6([logq], s, [order])[0, 0]
-  up = _theorem6(_shift_logq([logq], m, _SQRT2 / s), s, [order])[0, 0]
-  down = _theorem6(_shift_logq([logq], m, -_SQRT2 / s), s, [order])[0, 0]
-  return float(max(up - f, f - down, 0.0))
+  """G at one log q (see :func:`_gnmax_g_many`)."""
+  return float(_gnmax_g_many([logq], s, order, m)[0])
+
+
+@functools.lru_cache(maxsize=256)
+def _gnmax_unimodal(s: float, order: float, m: int):
+  """Where PATE 2018's conditions C5 and C6 hold, what makes G unimodal; None elsewhere.
+
+  C5: F non-decreasing (checked by :func:`_gnmax_table`).  C6: F(B_U(q)) - F(q) non-decreasing
+  for q <= q1 = B_L(q0).  Together they make G non-decreasing on (0, q1], at most
+  lambda / s^2 - F(q1) on [q1, q0] and non-increasing on [q0, 1) (design page).  Checked on
+  :func:`_gnmax_table`'s grid, on G itself: the running maximum of G from the left (up to q1)
+  and from the right (from q0) may exceed G by at most ``slack`` = 1e-9 lambda / s^2, which is
+  added to every value read off G.
+
+  Returns ``(log_q1, log_q0, plateau, floor, slack)``: ``plateau`` bounds G everywhere,
+  ``floor`` = F(B_U(e^g_0)) bounds G below the grid.
+  """
+  table = _gnmax_table(s, order, m)
+  if table is None or not table[2]:
+    return None
+  grid, bounds, _ = table
+  indep = order / s**2
+  slack = 1e-9 * indep
+  log_q0 = _log_q0(s, order)
+  log_q1 = float(_shift_logq([log_q0], m, -_SQRT2 / s)[0])
+  if not log_q1 <= log_q0:
+    return None
+  g = _gnmax_g_many(grid, s, order, m)
+  rising = g[grid <= log_q1]
+  if np.any(np.maximum.accumulate(rising) - rising > slack):
+    return None  # C6 fails
+  falling = g[grid >= log_q0][::-1]
+  if np.any(np.maximum.accumulate(falling) - falling > slack):
+    return None
+  inside = g[(grid >= log_q1) & (grid <= log_q0)]
+  floor = float(bounds[0])
+  plateau = max(_gnmax_g(log_q1, s, order, m), _gnmax_g(log_q0, s, order, m),
+                indep - float(_theorem6([log_q1], s, [order])[0, 0]),
+                float(inside.max()) if inside.size else 0.0, floor) + slack
+  return log_q1, log_q0, plateau, floor, slack
+
+
+def _reach_gnmax(votes: np.ndarray, num_teachers: int, sigma: float):
+  """The exact range of the capped Proposition 7 log q over histograms within distance d.
+
+  For d = 0..num_teachers returns ``(log_lo, log_hi, hi_exact)``: ``log_lo[d]`` is the least log
+  q within distance d (d votes moved, one at a time, from the largest non-top count to the
+  top: greedy is optimal for this separable convex problem); ``log_hi[d]`` the largest, reached
+  by moving d votes from the top to the second count where that keeps the top (gap
+  n_(1) - n_(2) >= 2 d: ``hi_exact``), else the cap log(1 - 1/m).  Proof: design page.
+  """
+  m = votes.size
+  cap = math.log1p(-1.0 / m)
+  ordered = np.sort(votes)[::-1]
+  top, rest = ordered[0], ordered[1:]
+  d = np.arange(num_teachers + 1, dtype=np.float64)
+  scale = _SQRT2 * sigma
+
+  def capped_logq(gaps):  # rows of gaps to the top -> capped log q
+    terms = special.log_ndtr(-gaps / scale)
+    peak = terms.max(axis=1, keepdims=True)
+    return np.minimum(peak[:, 0] + np.log(np.exp(terms - peak).sum(axis=1)), cap)
+
+  # Largest: (top - d, second + d, the others unchanged).
+  hi_exact = top - rest[0] >= 2.0 * d
+  gaps = (top - rest)[None, :] - d[:, None]
+  gaps[:, 0] -= d
+  log_hi = np.where(hi_exact, capped_logq(np.maximum(gaps, 0.0)), cap)
+  # Least: k = min(d, sum(rest)) votes taken from the largest non-top counts, i.e. every count
+  # above a level L cut to L, where R(L) = sum max(0, rest - L) <= k < R(L - 1), and the
+  # k - R(L) votes left taken one each from counts at L.
+  k = np.minimum(d, rest.sum())
+  levels = np.arange(int(rest[0]) + 1, dtype=np.float64)
+  removed = np.maximum(rest[None, :] - levels[:, None], 0.0).sum(axis=1)  # R(L), decreasing
+  index = np.searchsorted(-removed, -k, side="left")
+  left = np.minimum(rest[None, :], levels[index][:, None])
+  left -= np.arange(rest.size)[None, :] < (k - removed[index])[:, None]
+  log_lo = capped_logq((top + k)[:, None] - left)
+  return log_lo, log_hi, hi_exact
 
 
 def _ls_gnmax(votes: np.ndarray, num_teachers: int, sigma: float, order: float) -> np.ndarray:
@@ -130,11 +214,20 @@ def _ls_gnmax(votes: np.ndarray, num_teachers: int, sigma: float, order: float) 
     out[:] = order / sigma**2  # 0 <= F <= lambda / sigma^2: the trivial bound
     return out
   logq = _log_q_gnmax(votes, sigma)
-  d = np.arange(num_teachers + 1, dtype=np.float64)
-  step = _SQRT2 / sigma
-  log_hi = _shift_logq(np.full(d.shape, logq), m, step * d)  # B_U^d(q)
-  log_lo = _shift_logq(np.full(d.shape, logq), m, -step * d)  # B_L^d(q)
-  # Index into ``bounds`` of the cell holding each end (0: below the grid).
+  log_lo, log_hi, hi_exact = _reach_gnmax(votes, num_teachers, sigma)
+  shape = _gnmax_unimodal(sigma, order, m)
+  if shape is not None:
+    # C5 and C6 hold: G is unimodal, so its maximum over [lo, hi] is G at the end nearer the
+    # plateau [q1, q0], or at most the plateau value when the range meets [q1, q0].
+    log_q1, log_q0, plateau, floor, slack = shape
+    rising = hi_exact & (log_hi < log_q1)
+    falling = log_lo > log_q0
+    out[:] = plateau
+    out[rising] = np.maximum(_gnmax_g_many(log_hi[rising], sigma, order, m) + slack, floor)
+    out[falling] = _gnmax_g_many(log_lo[falling], sigma, order, m) + slack
+    out[0] = _gnmax_g(logq, sigma, order, m)  # LS(votes) <= G(q) directly
+    return np.maximum.accumulate(out)
+  # Cell bounds: index into ``bounds`` of the cell holding each end (0: below the grid).
   last = bounds.size - 1
   i_lo = np.clip(np.searchsorted(grid, log_lo, side="right"), 0, last)
   i_hi = np.clip(np.searchsorted(grid, log_hi, side="right"), 0, last)
@@ -150,11 +243,17 @@ def _ls_gnmax(votes: np.ndarray, num_teachers: int, sigma: float, order: float) 
 
 def local_sensitivity_gnmax(votes, num_teachers: int, sigma: float, order: float) -> np.ndarray:
   """Bounds U^(d), d = 0..num_teachers, on the local sensitivity of :func:`rdp_gnmax` at
-  ``order`` anywhere within distance d (moved votes) of ``votes`` (PATE 2018, Appendix B's
-  B_U / B_L with cell bounds instead of condition C6; module docstring).
+  ``order`` anywhere within distance d (moved votes) of ``votes`` (PATE 2018, Appendix B).
 
-  Non-decreasing in d; U^(d)(D) <= U^(d+1)(D') for neighbours; the last entry is the global
-  maximum (every histogram is within num_teachers), valid for every larger d.
+  U^(d) bounds G(q) = max(F(B_U(q)) - F(q), F(q) - F(B_L(q))) >= LS over the exact range of q
+  within distance d.  Where PATE 2018's conditions C5 and C6 hold for (sigma, order, number of
+  classes), checked at run time, G is unimodal and U^(d) is G at the end of that range nearer
+  its peak, as in PATE 2018's Algorithms 3-5; where C6 fails, the maximum of cell bounds on G
+  over the range; where C5 fails, lambda / sigma^2.  ``docs/design/pate.md`` has the proofs.
+
+  Non-decreasing in d; U^(d)(D) <= U^(d+1)(D') for neighbours; the last entry bounds every
+  histogram with the same number of votes (all are within num_teachers), so it holds for every
+  larger d.
 
   Args:
     votes: per-class vote counts (non-negative integers).
@@ -282,10 +381,10 @@ def _ls_threshold(votes: np.ndarray, num_teachers: int, threshold: float, sigma1
 def local_sensitivity_threshold(votes, num_teachers: int, threshold: float, sigma1: float,
                                 order: float, *, shifted: bool = False) -> np.ndarray:
   """Bounds U^(d), d = 0..num_teachers, on the local sensitivity of :func:`rdp_threshold` at
-  ``order`` within distance d of ``votes`` (PATE 2018, Appendix B; module docstring).
+  ``order`` within distance d of ``votes`` (PATE 2018, Appendix B; docs/design/pate.md).
 
   Exact for integer votes; for ``shifted=True`` (real-valued thresholded histograms) the
-  window bound of the module docstring.  Non-decreasing in d; the last entry is the global
+  window bound of docs/design/pate.md.  Non-decreasing in d; the last entry is the global
   maximum.
 
   Args:
