@@ -13,8 +13,9 @@ from analysis import _checks, _secrecy
 from analysis import accountant as _accountant
 from analysis import events
 from analysis import rdp_accountant
+from analysis._numerics import finish as _finish
 from analysis.pate._common import (_SQRT2, _check_beta, _check_finite_real, _check_order,
-                                   _check_votes, _finish, _laplace_rdp, _lnmax_from_logq,
+                                   _check_votes, _laplace_rdp, _lnmax_from_logq,
                                    _lnmax_independent, _theorem6)
 from analysis.pate._mechanisms import (_log_pr_answered, _log_q_gnmax, _log_q_lnmax,
                                        _threshold_logq)

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from analysis import _checks
+from analysis._numerics import log1mexp
 from analysis import rdp_accountant
 
 _SQRT2 = math.sqrt(2.0)
@@ -76,27 +77,8 @@ def _check_beta(beta) -> float:
   return _checks.check_finite_nonnegative("beta", beta)
 
 
-def _finish(values: np.ndarray, scalar: bool):
-  values = np.asarray(values, dtype=np.float64)
-  return float(values[0]) if scalar else values
-
-
 # ------------------------------------------------------------------------------------------
-# Numerics.
-
-
-def _log1mexp(x):
-  """log(1 - e^x) for x <= 0 (-inf at 0), elementwise, without cancellation."""
-  x = np.asarray(x, dtype=np.float64)
-  with np.errstate(divide="ignore", invalid="ignore"):
-    return np.where(x > -math.log(2.0), np.log(-np.expm1(x)), np.log1p(-np.exp(x)))
-
-
-def _logsumexp(x: np.ndarray) -> float:
-  top = float(np.max(x))
-  if not math.isfinite(top):
-    return top
-  return top + math.log(float(np.sum(np.exp(x - top))))
+# The RDP curves (PATE 2018 Theorem 6, PATE 2017 Theorem 2, Laplace).
 
 
 def _theorem6(logq, s: float, orders: np.ndarray) -> np.ndarray:
@@ -118,8 +100,8 @@ def _theorem6(logq, s: float, orders: np.ndarray) -> np.ndarray:
     valid = ((mu2 > 1.0) & (lam <= mu1) & (neg > eps2) & np.isfinite(lam) & np.isfinite(logq)
              & (logq <= (mu2 - 1.0) * eps2
                 - mu2 * (np.log1p(1.0 / (mu1 - 1.0)) + np.log1p(1.0 / (mu2 - 1.0)))))
-    log1q = _log1mexp(logq)
-    log_a = (lam - 1.0) * (log1q - _log1mexp((logq + eps2) * (1.0 - 1.0 / mu2)))
+    log1q = log1mexp(-logq)  # log(1 - q)
+    log_a = (lam - 1.0) * (log1q - log1mexp(-(logq + eps2) * (1.0 - 1.0 / mu2)))
     log_b = (lam - 1.0) * (eps1 - logq / (mu1 - 1.0))
     dep = np.logaddexp(log1q + log_a, logq + log_b) / (lam - 1.0)
     out = np.where(valid & (dep < indep), np.maximum(dep, 0.0), indep)
@@ -156,8 +138,8 @@ def _lnmax_from_logq(logq, eps: float, orders: np.ndarray) -> np.ndarray:
                           (logq.shape[0], lam.shape[1]))
   with np.errstate(all="ignore"):
     valid = (logq < -np.logaddexp(0.0, eps)) & np.isfinite(lam) & np.isfinite(logq)
-    log1q = _log1mexp(logq)
-    log_a = log1q - _log1mexp(logq + eps)
+    log1q = log1mexp(-logq)
+    log_a = log1q - log1mexp(-(logq + eps))
     dep = np.logaddexp(log1q + (lam - 1.0) * log_a, logq + (lam - 1.0) * eps) / (lam - 1.0)
     out = np.where(valid & (dep < indep), np.maximum(dep, 0.0), indep)
   return np.where(np.isneginf(logq), 0.0, out)

@@ -10,9 +10,10 @@ import numpy as np
 from scipy import special
 
 from analysis import _checks
-from analysis.pate._common import (_SQRT2, _check_finite_real, _check_votes, _finish,
-                                   _lnmax_from_logq, _lnmax_independent, _log1mexp,
-                                   _logsumexp, _theorem6)
+from analysis._numerics import finish as _finish
+from analysis._numerics import log1mexp, logsumexp
+from analysis.pate._common import (_SQRT2, _check_finite_real, _check_votes, _lnmax_from_logq,
+                                   _lnmax_independent, _theorem6)
 
 # ------------------------------------------------------------------------------------------
 # GNMax.
@@ -24,7 +25,7 @@ def _log_q_gnmax(votes: np.ndarray, sigma: float) -> float:
     return -math.inf
   top = int(np.argmax(votes))
   gaps = votes[top] - np.delete(votes, top)
-  logq = _logsumexp(special.log_ndtr(-gaps / (_SQRT2 * sigma)))
+  logq = logsumexp(special.log_ndtr(-gaps / (_SQRT2 * sigma)))
   return min(logq, math.log1p(-1.0 / m))
 
 
@@ -84,7 +85,7 @@ def _log_pr_answered(votes: np.ndarray, threshold: float, sigma1: float) -> floa
 
 def _threshold_logq(log_p: float) -> float:
   """log min(p, 1 - p): the bound on the less likely outcome of the check."""
-  return float(min(log_p, float(_log1mexp(log_p))))
+  return float(min(log_p, float(log1mexp(-log_p))))
 
 
 def log_pr_answered(votes, threshold: float, sigma1: float, *, shifted: bool = False) -> float:
@@ -142,7 +143,7 @@ def _log_q_lnmax(votes: np.ndarray, scale: float) -> float:
     return -math.inf
   top = int(np.argmax(votes))
   x = (votes[top] - np.delete(votes, top)) / scale
-  logq = _logsumexp(np.log(2.0 + x) - x - math.log(4.0))
+  logq = logsumexp(np.log(2.0 + x) - x - math.log(4.0))
   return min(logq, math.log1p(-1.0 / m))
 
 

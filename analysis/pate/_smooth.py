@@ -12,9 +12,10 @@ import numpy as np
 from scipy import special
 
 from analysis import _checks
+from analysis._numerics import log1mexp
 from analysis.pate._common import (_LOG_HALF, _SQRT2, _check_beta, _check_finite_real,
                                    _check_num_teachers, _check_order, _check_votes,
-                                   _log1mexp, _theorem6)
+                                   _theorem6)
 from analysis.pate._mechanisms import _log_q_gnmax
 
 # ------------------------------------------------------------------------------------------
@@ -299,7 +300,7 @@ def _threshold_c5(s: float, order: float) -> bool:
 def _threshold_r(x, threshold: float, sigma1: float, order: float) -> np.ndarray:
   """r(x): the threshold check's data-dependent RDP when the checked maximum is x."""
   log_p = special.log_ndtr((np.asarray(x, dtype=np.float64) - threshold) / sigma1)
-  logq = np.minimum(log_p, _log1mexp(log_p))
+  logq = np.minimum(log_p, log1mexp(-log_p))
   return _theorem6(logq, _SQRT2 * sigma1, [order])[:, 0]
 
 
