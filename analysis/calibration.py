@@ -5,7 +5,7 @@ is non-increasing in the noise multiplier sigma, so the smallest sigma with
 eps(sigma) <= target_epsilon is found by a bracketed root search on log(sigma):
 
 1. bracket: start at sigma = 1 and double (or halve) until [lo, hi] has eps(lo) > target and
-   eps(hi) <= target; the upper end is capped at ``_MAX_NOISE`` = 1e4;
+   eps(hi) <= target; the upper end is capped at ``SEARCH_MAX_NOISE`` = 1e4;
 2. shrink the bracket with the Illinois variant of regula falsi on
    log(eps) - log(target) versus log(sigma) (falling back to bisection when it stalls) until
    hi - lo <= tolerance * hi;
@@ -33,6 +33,7 @@ import numpy as np
 
 from analysis import accountants as _accountants
 from analysis import dp_sgd, rdp_accountant
+from analysis._numerics import SEARCH_MAX_NOISE, SEARCH_MIN_NOISE
 from analysis._checks import (MAX_STEPS, _describe, check_choice, check_count, check_delta,
                               check_orders, check_positive, check_probability, check_real,
                               check_steps)
@@ -41,8 +42,6 @@ __all__ = ["largest_count_that_fits", "compute_noise_multiplier", "compute_noise
            "noise_multiplier_for_event", "steps_for_training", "ACCOUNTANTS"]
 
 ACCOUNTANTS = _accountants.ACCOUNTANTS
-_MAX_NOISE = 1e4
-_MIN_NOISE = 1e-3
 _MAX_ITERATIONS = 200
 _ORDER_WINDOW = 6
 
@@ -139,7 +138,7 @@ def compute_noise_multiplier(target_epsilon: float, target_delta: float,
     tolerance: relative tolerance on sigma, in (0, 1); default 1e-4.
 
   Returns:
-    sigma in [_MIN_NOISE = 1e-3, 1e4], or 0.0 when no noise is needed (q = 0, steps = 0 or
+    sigma in [SEARCH_MIN_NOISE = 1e-3, 1e4], or 0.0 when no noise is needed (q = 0, steps = 0 or
     an infinite target_epsilon).
 
   Raises:
@@ -207,7 +206,7 @@ def _check_search(target_epsilon, target_delta, accountant, steps, orders, toler
 
 
 def _smallest_noise(eps_of, target_epsilon: float, tolerance: float, run: str) -> float:
-  """Smallest sigma in [_MIN_NOISE, _MAX_NOISE] with eps_of(sigma) <= target (module doc)."""
+  """Smallest sigma in [SEARCH_MIN_NOISE, SEARCH_MAX_NOISE] with eps_of(sigma) <= target."""
   cache: dict[float, float] = {}
 
   def excess(sigma: float) -> float:
@@ -223,19 +222,19 @@ def _smallest_noise(eps_of, target_epsilon: float, tolerance: float, run: str) -
   if excess(hi) > 0.0:
     lo = hi
     while True:
-      hi = min(2.0 * hi, _MAX_NOISE)
+      hi = min(2.0 * hi, SEARCH_MAX_NOISE)
       if excess(hi) <= 0.0:
         break
-      if hi >= _MAX_NOISE:
+      if hi >= SEARCH_MAX_NOISE:
         raise ValueError(
             f"target_epsilon={target_epsilon!r} cannot be met {run} even with "
-            f"noise_multiplier={_MAX_NOISE:g}; "
+            f"noise_multiplier={SEARCH_MAX_NOISE:g}; "
             "raise target_epsilon (or target_delta), or use fewer steps or a smaller q.")
       lo = hi
   else:
     while True:
       lo = hi / 2.0
-      if lo < _MIN_NOISE:
+      if lo < SEARCH_MIN_NOISE:
         return hi  # budget met by (almost) no noise; don't search below 1e-3
       if excess(lo) > 0.0:
         break

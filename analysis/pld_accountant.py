@@ -121,7 +121,7 @@ from scipy import special
 
 from analysis import accountant as _accountant
 from analysis import events as _events
-from analysis import rdp_accountant
+from analysis import _numerics, rdp_accountant
 from analysis._checks import (check_delta, check_finite_positive, check_nonnegative,
                               check_probability, check_same_length, check_steps)
 
@@ -151,9 +151,9 @@ _ADD = "add"
 #: Largest number of steps (per phase and in total) that the PLD accountant accepts.
 MAX_STEPS = 10**10
 #: Noise multipliers in (0, MIN_NOISE_MULTIPLIER) are accounted as 0 (sound, see module doc).
-MIN_NOISE_MULTIPLIER = 1e-3
+MIN_NOISE_MULTIPLIER = _numerics.PLD_NOISE_FLOOR
 #: Noise multipliers in (MAX_NOISE_MULTIPLIER, inf) are accounted as MAX_NOISE_MULTIPLIER.
-MAX_NOISE_MULTIPLIER = 1e12
+MAX_NOISE_MULTIPLIER = _numerics.PLD_NOISE_CEILING
 #: Largest value_discretization_interval accepted (nats).
 MAX_VALUE_DISCRETIZATION_INTERVAL = 1.0
 _STEPS_WHY = "the PLD accountant's supported range; use the RDP accountant beyond it"
@@ -180,18 +180,6 @@ def _check_phase(sampling_probability, noise_multiplier, steps,
   return q, sigma, count
 
 
-def _accounted_noise(sigma: float) -> float:
-  """The noise multiplier actually discretised: sigma clamped to 0 or into [1e-3, 1e12].
-
-  Sound by post-processing: less noise can only increase every point of the privacy curve.
-  """
-  if 0.0 < sigma < MIN_NOISE_MULTIPLIER:
-    return 0.0
-  if MAX_NOISE_MULTIPLIER < sigma < math.inf:
-    return MAX_NOISE_MULTIPLIER
-  return sigma
-
-
 # ------------------------------------------------------------------------------------------
 # The privacy loss of the "remove" pair as a function of the observation x, and its inverse.
 # L_rem(x) = log((1 - q) + q exp(u)), u = (2x - 1) / (2 sigma^2), is increasing in x; the "add"
@@ -206,15 +194,6 @@ def _loss_remove(x: float, q: float, sigma: float) -> float:
   return float(np.logaddexp(math.log1p(-q), math.log(q) + u))
 
 
-def _log_expm1(z: np.ndarray) -> np.ndarray:
-  """log(exp(z) - 1) for z > 0, without overflow for large z or cancellation for small z."""
-  out = np.empty_like(z)
-  big = z > 1.0
-  out[big] = z[big] + np.log1p(-np.exp(-z[big]))
-  out[~big] = np.log(np.expm1(z[~big]))
-  return out
-
-
 def _x_of_loss_remove(t: np.ndarray, q: float, sigma: float) -> np.ndarray:
   """The x with L_rem(x) = t (non-decreasing in t); -inf where t <= log(1 - q), inf-free."""
   if q == 1.0:
@@ -223,7 +202,7 @@ def _x_of_loss_remove(t: np.ndarray, q: float, sigma: float) -> np.ndarray:
     z = t - math.log1p(-q)  # L_rem = t  <=>  exp(u) = (1 - q) expm1(z) / q
     u = np.full_like(t, -np.inf, dtype=np.float64)
     pos = z > 0.0
-    u[pos] = math.log1p(-q) - math.log(q) + _log_expm1(z[pos])
+    u[pos] = math.log1p(-q) - math.log(q) + _numerics.log_expm1(z[pos])
   return 0.5 + sigma * sigma * u
 
 
@@ -665,7 +644,8 @@ class PLDAccountant(_accountant.Accountant):
     phases: dict[tuple[float, float], int] = {}
     for atom in self.atoms:
       key = (1.0 if atom.sampling is None else atom.sampling,
-             _accounted_noise(atom.noise_multiplier))
+             _numerics.clamp_noise(atom.noise_multiplier, MIN_NOISE_MULTIPLIER,
+                                  MAX_NOISE_MULTIPLIER))
       phases[key] = phases.get(key, 0) + atom.count
     return phases
 

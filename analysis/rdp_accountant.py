@@ -167,6 +167,8 @@ from scipy import optimize, special
 
 from analysis import accountant as _accountant
 from analysis import events as _events
+from analysis._numerics import (RDP_NOISE_CEILING, RDP_NOISE_FLOOR, clamp_noise, finish,
+                                log_expm1, logsumexp)
 from analysis._checks import (MAX_STEPS, check_delta, check_nonnegative, check_orders,
                               check_probability, check_real, check_same_length, check_steps)
 
@@ -195,11 +197,9 @@ _EPS = np.finfo(np.float64).eps
 _MAX_FRAC_TERMS = 1 << 16  # cap on the series length per fractional order (then interpolation)
 _FRAC_REL_TOL = 1e-10      # series truncation target, relative to A_alpha - 1
 _MAX_SEARCH_ORDER = 1e4    # upper end of the continuous order search
-#: Noise multipliers in (0, _MIN_NOISE) are accounted as 0 (RDP inf) and those in
-#: (_MAX_NOISE, inf) as _MAX_NOISE: beyond these 1/(2 s^2) and s^2 leave float64's range.  Both
-#: are sound (less noise never leaks less: the noisier mechanism is a post-processing).
-_MIN_NOISE = 1e-100
-_MAX_NOISE = 1e100
+#: Noise multipliers in (0, 1e-100) are accounted as 0 (RDP inf) and those in (1e100, inf) as
+#: 1e100 (:func:`analysis._numerics.clamp_noise`; beyond these 1/(2 s^2) and s^2 leave
+#: float64's range).
 _TINY = math.ulp(0.0)  # a positive RDP that underflows is reported as this, not 0
 
 #: Largest finite order accepted by the functions that compute RDP (the integer-order sums and
@@ -215,24 +215,6 @@ class OrderAtBoundaryWarning(UserWarning):
 # Poisson-subsampled Gaussian: log A_alpha.
 
 
-def _log_expm1(x: np.ndarray) -> np.ndarray:
-  """log(exp(x) - 1) for x > 0, without overflow or cancellation."""
-  x = np.asarray(x, dtype=np.float64)
-  small = x < 30.0
-  out = np.empty_like(x)
-  out[small] = np.log(np.expm1(x[small]))
-  out[~small] = x[~small] + np.log1p(-np.exp(-x[~small]))
-  return out
-
-
-def _logsumexp(x: np.ndarray) -> float:
-  """log(sum(exp(x))) of a non-empty 1-D array (cheaper than scipy's for small arrays)."""
-  m = float(np.max(x))
-  if not math.isfinite(m):
-    return m
-  return m + math.log(float(np.sum(np.exp(x - m))))
-
-
 @functools.lru_cache(maxsize=4096)
 def _log_a_int(q: float, s: float, alpha: int) -> float:
   """Upper bound (exact up to a ~1e-13 round-off allowance) on log A_alpha, integer alpha >= 2."""
@@ -242,8 +224,8 @@ def _log_a_int(q: float, s: float, alpha: int) -> float:
       alpha - k + 1.0)
   expo = (k * k - k) / (2.0 * s * s)
   pieces = log_binom + (alpha - k) * log_1mq + k * log_q
-  log_terms = pieces + _log_expm1(expo)
-  log_am1 = _logsumexp(log_terms)
+  log_terms = pieces + log_expm1(expo)
+  log_am1 = logsumexp(log_terms)
   # Round-off: each log term has absolute error <~ eps * (sum of magnitudes of its parts).
   scale = (special.gammaln(alpha + 1.0) + np.abs(pieces) + expo).max() + alpha
   log_am1 += 8.0 * _EPS * scale
@@ -449,13 +431,8 @@ def _log_a(q: float, s: float, alpha: float) -> float:
   return min(series, interp)
 
 
-def _accounted_noise(s: float) -> float:
-  """s clamped to 0 below _MIN_NOISE and to _MAX_NOISE above it (sound, see module doc)."""
-  if 0.0 < s < _MIN_NOISE:
-    return 0.0
-  if _MAX_NOISE < s < math.inf:
-    return _MAX_NOISE
-  return s
+def _accounted_noise_rdp(s: float) -> float:
+  return clamp_noise(s, RDP_NOISE_FLOOR, RDP_NOISE_CEILING)
 
 
 def _edge_case_rdp(q: float, s: float, alpha: float) -> float | None:
@@ -470,17 +447,11 @@ def _edge_case_rdp(q: float, s: float, alpha: float) -> float | None:
 
 
 def _rdp_one_step(q: float, s: float, alpha: float) -> float:
-  s = _accounted_noise(s)
+  s = _accounted_noise_rdp(s)
   edge = _edge_case_rdp(q, s, alpha)
   if edge is not None:
     return max(edge, _TINY) if 0.0 < edge else edge
   return max(_log_a(q, s, alpha) / (alpha - 1.0), _TINY)
-
-
-def _finish(values: list[float], scalar: bool):
-  if scalar:
-    return float(values[0])
-  return np.asarray(values, dtype=np.float64)
 
 
 def _scale_by_steps(rdp: float, steps: int) -> float:
@@ -526,7 +497,7 @@ def compute_rdp(q: float, noise_multiplier: float, steps: int, orders):
   s = check_nonnegative("noise_multiplier", noise_multiplier)
   steps = check_steps("steps", steps)
   alphas, scalar = check_orders("orders", orders, max_finite=MAX_ORDER)
-  return _finish([_scale_by_steps(_rdp_one_step(q, s, float(a)), steps) for a in alphas], scalar)
+  return finish([_scale_by_steps(_rdp_one_step(q, s, float(a)), steps) for a in alphas], scalar)
 
 
 # ------------------------------------------------------------------------------------------
@@ -666,8 +637,8 @@ def _wor_log_moment_int(q: float, s: float, alpha: int) -> float:
   # j = 2: min(4 (e^{eps(2)} - 1), 2 e^{eps(2)}) (= 4 Delta^2 in Theorem 27 too).
   eps2 = 2.0 * m
   log_terms[0] = log_binom[0] + 2.0 * log_q + min(
-      math.log(4.0) + float(_log_expm1(np.array([eps2]))[0]), math.log(2.0) + eps2)
-  log_sum = _logsumexp(log_terms)
+      math.log(4.0) + log_expm1(eps2), math.log(2.0) + eps2)
+  log_sum = logsumexp(log_terms)
   scale = (special.gammaln(alpha + 1.0) + np.abs(log_terms)).max() + alpha
   log_sum += 8.0 * _EPS * scale
   bound = float(np.logaddexp(0.0, log_sum))
@@ -675,7 +646,7 @@ def _wor_log_moment_int(q: float, s: float, alpha: int) -> float:
 
 
 def _wor_one_step(q: float, s: float, alpha: float) -> float:
-  s = _accounted_noise(s)
+  s = _accounted_noise_rdp(s)
   edge = _edge_case_rdp(q, s, alpha)
   if edge is not None:
     return max(edge, _TINY) if 0.0 < edge else edge
@@ -721,7 +692,7 @@ def compute_rdp_sample_without_replacement(q: float, noise_multiplier: float, st
   s = check_nonnegative("noise_multiplier", noise_multiplier)
   steps = check_steps("steps", steps)
   alphas, scalar = check_orders("orders", orders, max_finite=MAX_ORDER)
-  return _finish([_scale_by_steps(_wor_one_step(q, s, float(a)), steps) for a in alphas], scalar)
+  return finish([_scale_by_steps(_wor_one_step(q, s, float(a)), steps) for a in alphas], scalar)
 
 
 def compute_heterogeneous_rdp(sampling_probabilities: Sequence[float],
@@ -750,7 +721,7 @@ def compute_heterogeneous_rdp(sampling_probabilities: Sequence[float],
     s = check_nonnegative(f"noise_multipliers[{i}]", noise_multipliers[i])
     steps = check_steps(f"steps_list[{i}]", steps_list[i])
     total += np.array([_scale_by_steps(_rdp_one_step(q, s, float(a)), steps) for a in alphas])
-  return _finish(list(total), scalar)
+  return finish(list(total), scalar)
 
 
 # ------------------------------------------------------------------------------------------
@@ -981,11 +952,6 @@ def get_privacy_spent_optimal_order(q: float, noise_multiplier: float, steps: in
 # The best of a random number of runs (Papernot & Steinke 2022; module docstring).
 
 
-def _log_expm1_scalar(x: float) -> float:
-  """log(exp(x) - 1) for x > 0 (no overflow, no cancellation)."""
-  return x + math.log(-math.expm1(-x))
-
-
 def truncated_negative_binomial_log_mean(log_inv_gamma: float, shape: float) -> float:
   """log E[K] for K ~ D_{eta, gamma}, from L = log(1/gamma) > 0 and eta = ``shape`` > -1.
 
@@ -999,12 +965,12 @@ def truncated_negative_binomial_log_mean(log_inv_gamma: float, shape: float) -> 
   eta = _events.check_repeat_shape("shape", shape)
   if math.isinf(eta):
     raise ValueError("shape must be finite for the truncated negative binomial, got inf.")
-  base = _log_expm1_scalar(L)
+  base = log_expm1(L)
   if eta == 0.0:
     return base - math.log(L)
   if eta > 0.0:
     return base + math.log(eta) - math.log(-math.expm1(-eta * L))
-  return base + math.log(-eta) - _log_expm1_scalar(-eta * L)
+  return base + math.log(-eta) - log_expm1(-eta * L)
 
 
 def truncated_negative_binomial_gamma(mean: float, shape: float) -> tuple[float, float]:
