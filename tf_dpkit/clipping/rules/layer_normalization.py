@@ -1,4 +1,13 @@
-"""``keras.layers.LayerNormalization`` over the last axis (diagonal gamma and beta)."""
+"""Normalisation layers whose trainable weights are a per-channel scale and shift on the last
+axis: ``z = xhat * gamma + beta`` with ``xhat`` the normalised input (no weight in it).
+
+Example ``i``'s gradients are per-channel sums over its positions ``s``:
+``dgamma_i = sum_s g_is * xhat_is`` and ``dbeta_i = sum_s g_is`` (``g = dL_i/dz``), so exact
+per-microbatch norms cost one elementwise pass over ``g`` and ``xhat``; they are kept
+([M, C] each) and give the clipped sum by one small contraction.  :func:`scale_shift_trace`
+is the one place this is formed; ``LayerNormalization`` (here) and ``GroupNormalization``
+(``group_normalization``) differ only in how ``xhat`` is computed.
+"""
 from __future__ import annotations
 
 import keras
@@ -6,6 +15,42 @@ import tensorflow as tf
 
 from tf_dpkit.clipping.rules._linear import as_sequence, group_examples, propagate_mask
 from tf_dpkit.clipping.rules.registry import LayerTrace, register_layer_rule
+
+
+def scale_shift_trace(layer, inputs, normalized, gamma, beta):
+  """The ``LayerTrace`` of ``z = normalized * gamma + beta`` (either may be None), both of
+  shape [C] and acting on the last axis of ``normalized`` ([B, ..., C], independent of the
+  layer's weights).
+
+  ``squared_norms(g, M)``: ``sum_c (sum_s g_s xhat_s)_c^2 + sum_c (sum_s g_s)_c^2`` over each
+  microbatch's positions ``s`` (its examples' positions together), counting only the weights
+  in ``layer.trainable_variables``; ``clipped_sum(factors)``: ``sum_j c_j grad_j`` for
+  ``layer.trainable_variables`` in their order, from the [M, C] per-microbatch gradients.
+  """
+  z = normalized
+  if gamma is not None:
+    z = z * gamma
+  if beta is not None:
+    z = z + beta
+  outputs = propagate_mask(inputs, z)
+  trainable = {id(v) for v in layer.trainable_variables}
+  kept = {}
+
+  def squared_norms(g, num_groups):
+    g_seq = group_examples(as_sequence(g), num_groups)
+    if gamma is not None and id(gamma) in trainable:
+      xhat = group_examples(as_sequence(normalized), num_groups)
+      kept[id(gamma)] = tf.reduce_sum(g_seq * xhat, axis=1)  # [M, C]
+    if beta is not None and id(beta) in trainable:
+      kept[id(beta)] = tf.reduce_sum(g_seq, axis=1)  # [M, C]
+    return tf.add_n([tf.reduce_sum(tf.square(grads), axis=1) for grads in kept.values()])
+
+  def clipped_sum(factors):
+    if set(kept) != trainable:
+      return None
+    return [tf.tensordot(tf.cast(factors, kept[id(v)].dtype), kept[id(v)], axes=1)
+            for v in layer.trainable_variables]
+  return LayerTrace(outputs, z, squared_norms, clipped_sum)
 
 
 @register_layer_rule(keras.layers.LayerNormalization)
@@ -17,20 +62,5 @@ def layer_normalization_rule(layer, inputs):
     return None
   mean, variance = tf.nn.moments(inputs, axes=[rank - 1], keepdims=True)
   normalized = (inputs - mean) * tf.math.rsqrt(variance + layer.epsilon)
-  z = normalized
-  if layer.scale:
-    z = z * layer.gamma
-  if layer.center:
-    z = z + layer.beta
-  outputs = propagate_mask(inputs, z)
-
-  def squared_norms(g, num_groups):
-    total = 0.0
-    g_seq = group_examples(as_sequence(g), num_groups)
-    if layer.scale:
-      xhat = group_examples(as_sequence(normalized), num_groups)
-      total += tf.reduce_sum(tf.square(tf.reduce_sum(g_seq * xhat, axis=1)), axis=1)
-    if layer.center:
-      total += tf.reduce_sum(tf.square(tf.reduce_sum(g_seq, axis=1)), axis=1)
-    return total
-  return LayerTrace(outputs, z, squared_norms)
+  return scale_shift_trace(layer, inputs, normalized, layer.gamma if layer.scale else None,
+                           layer.beta if layer.center else None)
