@@ -1,99 +1,19 @@
 """The statistics of privacy auditing: epsilon lower bounds at a stated confidence; ROC helpers.
 
-An audit runs a mechanism (training) on inputs that differ in "canaries" and lets an attacker
-guess which canaries were used.  If the mechanism is (eps, delta)-DP, the attacker cannot
-guess too well; guessing better than that, beyond what chance explains at a stated
-confidence, proves that the mechanism is NOT (eps, delta)-DP for that eps.  The functions here
-turn the attacker's counts into that eps, a LOWER bound on the mechanism's true epsilon.
+An audit lets an attacker guess which "canaries" a mechanism (training) used; guessing better
+than an (eps, delta)-DP mechanism allows, beyond chance at the stated confidence, refutes the
+claim.  Every bound here is a LOWER bound with ``P[bound > true value] <= 1 - confidence``,
+provided the attacker's score, threshold and number of guesses are fixed without looking at
+the true inclusion bits.  Units: eps in nats; bad arguments raise ``ValueError`` naming the
+argument and its allowed range.  The maths (theorems, monotonicity, confidence splits) is in
+docs/design/auditing.md:
 
-Contract shared by every bound
-------------------------------
-For every mechanism that is (eps_true, delta)-DP and every attacker,
-
-    P[bound > eps_true] <= 1 - confidence,
-
-the probability being over the mechanism's and the audit's randomness (canary inclusion,
-training).  So a bound above the claimed epsilon refutes the claim at the given confidence.
-This holds only if what the attacker does (its score, threshold, number of guesses) is fixed
-without looking at which canaries were really included; trying several settings and reporting
-the best needs a union bound (run each at confidence 1 - (1 - confidence) / settings).  A bound
-is never negative; 0 means nothing can be claimed.  Units: eps in nats.  ``delta`` is in
-[0, 1), ``confidence`` in (0, 1); counts are integers (an integral float is accepted).  Bad
-arguments raise ``ValueError`` naming the argument and its allowed range.
-
-One training run (Steinke, Nasr & Jagielski 2023)
--------------------------------------------------
-"Privacy auditing with one (1) training run" (NeurIPS 2023; arXiv:2305.08846), Theorem 3.1;
-the p-value and the bisection are those of the code in the paper's appendix.  Each of ``m``
-canaries is included in the input independently with probability 1/2; after one run the
-attacker makes ``r`` guesses (e.g. "in" for the k+ highest-scoring canaries, "out" for the
-k- lowest; r = k+ + k-) and ``v`` of them are right.  If the mechanism is (eps, delta)-DP in
-each canary's inclusion bit, then for every v
-
-    P[W >= v] <= f(v) + 2 m delta max_{i = 1..m} (f(v - i) - f(v)) / i,
-
-    f(u) = P[Binomial(r, p) >= u],   p = e^eps / (1 + e^eps),
-
-W the number of correct guesses (f(u) = 1 for u <= 0; the maximum is attained at i <= v,
-since for i > v the numerator stays 1 - f(v)).  The right side, capped at 1, is a p-value
-p_eps(v) for the hypothesis "(eps, delta)-DP"; the bound is the largest eps whose hypothesis
-is rejected at level 1 - confidence:
-
-    bound = sup{eps >= 0 : p_eps'(v) < 1 - confidence for all eps' in [0, eps]},
-
-found by bisection to ~1e-12 relative (the value returned is the bisection's lower end, at
-which the hypothesis is rejected).  For delta = 0 the p-value is the binomial tail f(v), which
-increases with eps, so the bound solves f(v) = 1 - confidence (randomized response with
-that eps meets the tail exactly: the bound is tight for it).
-
-Monotonicity in eps, which makes the sup above the one crossing and the contract hold
-(P[bound > eps_true] <= P[p_eps_true(W) < 1 - confidence] <= 1 - confidence), is shown as
-follows.  d f(u) / dp = r b(u - 1) with b the Binomial(r - 1, p) pmf, so each term
-f(v) + c (f(v - i) - f(v)) / i, c = 2 m delta, has derivative
-r [(1 - c / i) b(v - 1) + (c / i) b(v - i - 1)] >= 0 when c <= i: with 2 m delta <= 1 (the
-usual setting, e.g. m = 1000, delta = 1e-5) every term increases and the p-value is exactly
-the paper's.  Where 2 m delta > 1, each term with i < c is replaced by the larger
-f(v) + (c / i) f(v - i) (dropping -(c / i) f(v) <= 0), which increases in eps: still a valid
-p-value, slightly more conservative than the paper's.  The tails are computed on the number
-of WRONG guesses, Binomial(r, 1 / (1 + e^eps)), so they keep their precision for large eps.
-
-Many training runs (Jagielski, Ullman & Oprea 2020)
----------------------------------------------------
-"Auditing differentially private machine learning: how private is private SGD?" (NeurIPS
-2020), Algorithm 2.  The mechanism is run ``positives`` times on the input with the canary
-and ``negatives`` times without (all runs independent); a membership test fixed in advance
-says "in" ``true_positives`` and ``false_positives`` times respectively.  If the mechanism is
-(eps, delta)-DP, for the test's true rates TPR and FPR (Kairouz, Oh & Viswanath 2015,
-hypothesis-testing view of DP):
-
-    TPR <= e^eps FPR + delta   and   1 - FPR <= e^eps (1 - TPR) + delta,
-
-so eps >= log((TPR - delta) / FPR) and eps >= log((1 - FPR - delta) / (1 - TPR)).  Both
-ratios decrease in FPR and increase in TPR, so only TPR_lo, a lower confidence bound on TPR,
-and FPR_hi, an upper one on FPR, enter:
-
-    bound = max(0, log((TPR_lo - delta) / FPR_hi), log((1 - FPR_hi - delta) / (1 - TPR_lo)))
-
-(a form whose numerator is <= 0 gives nothing; the denominators are > 0, a Clopper-Pearson
-upper bound being > 0 and a lower bound < 1).  How the confidence is split: with
-alpha = 1 - confidence, each rate gets the two-sided Clopper-Pearson interval at the given
-confidence (:func:`clopper_pearson`, alpha / 2 in each tail), of which one end is used; so
-P[TPR < TPR_lo] <= alpha / 2 and P[FPR > FPR_hi] <= alpha / 2, and by the union bound both
-hold with probability >= confidence, on which event both forms are <= eps_true together.
-(The complement form with the other ends, (1 - FPR_lo - delta) / (1 - TPR_hi), would be an
-UPPER confidence bound on the ratio: not sound.)  The complement form is the
-first form of the same test with the two inputs' roles swapped (tp' = negatives -
-false_positives, fp' = positives - true_positives); it is the better one when the test's
-misses are rarer than its hits on non-members, e.g. a test that says "in" most of the time.
-
-Membership-inference ROC
-------------------------
-Convention: a LARGER score means "member"; the test with threshold t says "member" when
-score >= t.  ``roc_curve`` lists every distinct threshold; ``roc_auc`` is the area under that
-curve (trapezoids), which equals P[S_member > S_nonmember] + P[S_member = S_nonmember] / 2;
-``tpr_at_fpr`` reads the curve at a false-positive rate (its docstring states the rule).
-These are point estimates with no confidence statement: for a bound, fix the threshold on
-other data and pass the counts to :func:`epsilon_lower_bound`.
+* one run, (eps, delta)-DP: Steinke, Nasr & Jagielski 2023 (:func:`one_run_epsilon_lower_bound`);
+* one run, f-DP: Mahloujifar, Melis & Chaudhuri 2024 (:func:`one_run_fdp_p_value`,
+  :func:`one_run_gdp_lower_bound`, :func:`one_run_fdp_epsilon_lower_bound`);
+* many runs: Jagielski, Ullman & Oprea 2020 (:func:`epsilon_lower_bound`), and the Gaussian
+  (mu-GDP) reading of the same counts (:func:`gdp_lower_bound`, Nasr et al. 2023);
+* membership-inference ROC helpers (point estimates, no confidence statement).
 
 No TensorFlow import; numpy and scipy only.
 """
@@ -105,12 +25,17 @@ import numpy as np
 from scipy import special, stats
 
 from analysis import _checks
+from analysis import gaussian as _gaussian
 
 __all__ = [
     "clopper_pearson",
     "epsilon_lower_bound",
+    "gdp_lower_bound",
     "max_one_run_epsilon_lower_bound",
     "one_run_epsilon_lower_bound",
+    "one_run_fdp_epsilon_lower_bound",
+    "one_run_fdp_p_value",
+    "one_run_gdp_lower_bound",
     "one_run_p_value",
     "roc_auc",
     "roc_curve",
@@ -263,6 +188,179 @@ def max_one_run_epsilon_lower_bound(num_canaries: int, num_guesses: int, delta: 
 
 
 # ------------------------------------------------------------------------------------------
+# One training run, f-DP: Mahloujifar, Melis & Chaudhuri 2024.
+
+FDP_FAMILIES = ("gaussian", "epsilon_delta")
+_MAX_MU_SEARCH = 64.0  # Phi(Phi^-1(y) - mu) underflows to 0 for every y < 1 well before
+
+
+def _gdp_inverse_blow_up(mu: float):
+  """y -> Phi(Phi^-1(y) - mu): the least probability under one input of an event whose
+  probability under its neighbour is y, for a mu-GDP mechanism (design doc)."""
+  if math.isinf(mu):
+    return lambda y: 1.0 if y >= 1.0 else 0.0
+  return lambda y: float(special.ndtr(special.ndtri(y) - mu))
+
+
+def _dp_inverse_blow_up(epsilon: float, delta: float):
+  """The same for the (eps, delta)-DP tradeoff curve:
+  y -> max(0, (y - delta) e^-eps, 1 - delta - e^eps (1 - y))."""
+  shrink = math.exp(-epsilon)
+  def inverse(y):
+    best = max(0.0, (y - delta) * shrink)
+    if y < 1.0 and epsilon < 700.0:
+      best = max(best, 1.0 - delta - math.exp(epsilon) * (1.0 - y))
+    elif y >= 1.0:
+      best = max(best, 1.0 - delta)
+    return best
+  return inverse
+
+
+def _fdp_feasible(m: int, r: int, v: int, tau: float, inverse_blow_up) -> bool:
+  """Whether an f-DP mechanism can give ``>= v`` of ``r`` guesses right with probability
+  ``tau`` (design doc, "the recursion"): builds the least total probability mass
+  ``(m / r) (R_0 + H_0)`` any distribution of the number of correct guesses with
+  ``P[N >= v] = tau`` needs, and compares it with 1."""
+  cap = r / m
+  right, wrong = tau * v / m, tau * (r - v) / m
+  if right + wrong > cap:
+    return False
+  for i in range(v - 1, -1, -1):
+    new_wrong = max(wrong, inverse_blow_up(right))
+    right += i / (r - i) * (new_wrong - wrong)
+    wrong = new_wrong
+    if right + wrong > cap:
+      return False
+  return True
+
+
+def _check_fdp_one_run(num_canaries, num_guesses, num_correct, confidence):
+  m = _checks.check_count("num_canaries", num_canaries, minimum=1)
+  r = _check_count_at_most("num_guesses", num_guesses, "num_canaries", m)
+  v = _check_count_at_most("num_correct", num_correct, "num_guesses", r)
+  confidence = _checks.check_delta("confidence", confidence)
+  return m, r, v, confidence
+
+
+def one_run_fdp_p_value(num_canaries: int, num_guesses: int, num_correct: int, *,
+                        mu: float | None = None, epsilon: float | None = None,
+                        delta: float = 0.0) -> float:
+  """p-value of "the mechanism is f-DP" given ``num_correct`` of ``num_guesses`` correct
+  (Mahloujifar, Melis & Chaudhuri 2024; docs/design/auditing.md).
+
+  The largest ``P[N >= v]`` that any f-DP mechanism and any attacker making ``r`` guesses
+  (each of the ``m`` canaries included independently w.p. 1/2) can reach, found by bisection
+  on ``tau`` over the paper's recursion (to ~1e-12 absolute); 1 when ``v = 0``.  The
+  curve ``f`` is mu-GDP (``mu``) or (eps, delta)-DP (``epsilon``, ``delta``); give exactly
+  one of ``mu`` and ``epsilon``.  Non-decreasing in ``mu`` / ``epsilon`` / ``delta``.
+  Closed form: m = r = v = 1 gives the best accuracy of one test, ``Phi(mu / 2)`` and
+  ``(e^eps + delta) / (1 + e^eps)``.
+
+  Args:
+    num_canaries: m, integer >= 1.
+    num_guesses: r, integer in [0, m].
+    num_correct: v, integer in [0, r].
+    mu: the hypothesised mu of mu-GDP, in [0, inf].
+    epsilon: the hypothesised eps, in [0, inf] (with ``delta``).
+    delta: in [0, 1), only with ``epsilon``.
+  """
+  m, r, v, _ = _check_fdp_one_run(num_canaries, num_guesses, num_correct, 0.5)
+  inverse = _inverse_blow_up_from(mu, epsilon, delta)
+  if v == 0 or _fdp_feasible(m, r, v, 1.0, inverse):
+    return 1.0
+  low, high = 0.0, 1.0
+  while high - low > 1e-12:
+    mid = 0.5 * (low + high)
+    if _fdp_feasible(m, r, v, mid, inverse):
+      low = mid
+    else:
+      high = mid
+  return float(high)
+
+
+def _inverse_blow_up_from(mu, epsilon, delta):
+  if (mu is None) == (epsilon is None):
+    raise ValueError(f"give exactly one of mu (mu-GDP) and epsilon ((epsilon, delta)-DP), got "
+                     f"mu={mu!r} and epsilon={epsilon!r}.")
+  if mu is not None:
+    if delta != 0.0:
+      raise ValueError(f"delta goes with epsilon, not with mu; got delta={delta!r}.")
+    return _gdp_inverse_blow_up(_checks.check_nonnegative("mu", mu))
+  return _dp_inverse_blow_up(_checks.check_nonnegative("epsilon", epsilon),
+                             _check_delta_half_open(delta))
+
+
+def _largest_rejected(rejected, high_limit: float) -> float:
+  """sup{x >= 0: rejected(x') for all x' in [0, x]} for a ``rejected`` that turns False once
+  and stays False (bisection to ~1e-12 relative; the returned end is rejected)."""
+  if not rejected(0.0):
+    return 0.0
+  low, high = 0.0, 1.0
+  while rejected(high):
+    low, high = high, 2.0 * high
+    if high > high_limit:
+      return low
+  while high - low > _BISECTION_REL_TOL * high:
+    mid = 0.5 * (low + high)
+    if rejected(mid):
+      low = mid
+    else:
+      high = mid
+  return float(low)
+
+
+def one_run_gdp_lower_bound(num_canaries: int, num_guesses: int, num_correct: int,
+                            confidence: float = 0.95) -> float:
+  """Lower bound on mu from one run: the mechanism is not mu'-GDP for any mu' below it.
+
+  The largest mu such that "mu'-GDP" is rejected at level ``1 - confidence`` by
+  :func:`one_run_fdp_p_value` for every mu' <= mu (bisection, ~1e-12 relative; 0 when
+  0-GDP is not rejected).  If the mechanism is mu_true-GDP in each canary's inclusion bit,
+  ``P[bound > mu_true] <= 1 - confidence`` for guesses fixed without the bits.
+
+  Args: as for :func:`one_run_epsilon_lower_bound` (``num_canaries`` >= 1).
+  """
+  m, r, v, confidence = _check_fdp_one_run(num_canaries, num_guesses, num_correct, confidence)
+  tau = 1.0 - confidence
+  return _largest_rejected(
+      lambda mu: not _fdp_feasible(m, r, v, tau, _gdp_inverse_blow_up(mu)), _MAX_MU_SEARCH)
+
+
+def one_run_fdp_epsilon_lower_bound(num_canaries: int, num_guesses: int, num_correct: int,
+                                    delta: float, confidence: float = 0.95,
+                                    family: str = "gaussian") -> float:
+  """Epsilon lower bound from one run by the f-DP audit (Mahloujifar, Melis & Chaudhuri 2024).
+
+  ``family="gaussian"`` (the paper's choice, as for DP-SGD): the eps at ``delta`` of
+  mu-GDP for mu = :func:`one_run_gdp_lower_bound`, i.e. ``analysis.gaussian.epsilon_for_delta
+  (1 / mu, delta)``.  It refutes every Gaussian-shaped guarantee with that (eps, delta): sound
+  for mechanisms whose tradeoff curve is Gaussian (DP-SGD without sampling; with sampling the
+  curve is close to Gaussian), not for an arbitrary (eps, delta) claim.
+  ``family="epsilon_delta"``: the largest eps such that the (eps', delta)-DP tradeoff curve is
+  rejected for every eps' <= eps: valid against any (eps, delta)-DP mechanism.
+  In both, ``P[bound > eps_true] <= 1 - confidence`` for guesses fixed without the bits.
+
+  Args:
+    num_canaries, num_guesses, num_correct: m >= 1, r in [0, m], v in [0, r].
+    delta: in (0, 1) for "gaussian" (mu-GDP is not (eps, 0)-DP for any finite eps), [0, 1)
+      for "epsilon_delta".
+    confidence: in (0, 1).
+    family: ``"gaussian"`` or ``"epsilon_delta"``.
+  """
+  family = _checks.check_choice("family", family, FDP_FAMILIES)
+  m, r, v, confidence = _check_fdp_one_run(num_canaries, num_guesses, num_correct, confidence)
+  if family == "gaussian":
+    delta = _checks.check_delta("delta", delta)
+    mu = one_run_gdp_lower_bound(m, r, v, confidence)
+    return 0.0 if mu == 0.0 else _gaussian.epsilon_for_delta(1.0 / mu, delta)
+  delta = _check_delta_half_open(delta)
+  tau = 1.0 - confidence
+  return _largest_rejected(
+      lambda eps: not _fdp_feasible(m, r, v, tau, _dp_inverse_blow_up(eps, delta)),
+      _MAX_EPSILON_SEARCH)
+
+
+# ------------------------------------------------------------------------------------------
 # Many training runs: Clopper-Pearson and Jagielski, Ullman & Oprea 2020.
 
 
@@ -329,6 +427,36 @@ def epsilon_lower_bound(true_positives: int, positives: int, false_positives: in
     if numerator > 0.0 and denominator > 0.0:
       bound = max(bound, math.log(numerator) - math.log(denominator))
   return float(bound)
+
+
+def gdp_lower_bound(true_positives: int, positives: int, false_positives: int,
+                    negatives: int, confidence: float = 0.95) -> float:
+  """Lower bound on mu from repeated runs, reading the counts through mu-GDP (Nasr et al. 2023).
+
+  A mu-GDP mechanism lets no test exceed ``TPR = Phi(Phi^-1(FPR) + mu)`` (Dong, Roth & Su
+  2022), so ``mu >= Phi^-1(TPR) - Phi^-1(FPR)``; with the Clopper-Pearson ends of
+  :func:`epsilon_lower_bound` (TPR_lo, FPR_hi, each failing w.p. <= (1 - confidence) / 2):
+
+      bound = max(0, Phi^-1(TPR_lo) - Phi^-1(FPR_hi)),
+
+  and ``P[bound > mu_true] <= 1 - confidence`` for a mu_true-GDP mechanism and a test fixed
+  without these runs.  ``analysis.gaussian.epsilon_for_delta(1 / bound, delta)`` is the eps
+  of that Gaussian curve at delta; it refutes Gaussian-shaped claims (the mechanism's curve
+  must be Gaussian, as for DP-SGD without sampling), while :func:`epsilon_lower_bound`
+  refutes any (eps, delta) claim.  Arguments as for :func:`epsilon_lower_bound`.
+  """
+  positives = _checks.check_count("positives", positives, minimum=1)
+  true_positives = _check_count_at_most("true_positives", true_positives, "positives",
+                                        positives)
+  negatives = _checks.check_count("negatives", negatives, minimum=1)
+  false_positives = _check_count_at_most("false_positives", false_positives, "negatives",
+                                         negatives)
+  confidence = _checks.check_delta("confidence", confidence)
+  tpr_lo = clopper_pearson(true_positives, positives, confidence)[0]
+  fpr_hi = clopper_pearson(false_positives, negatives, confidence)[1]
+  if tpr_lo <= 0.0 or fpr_hi >= 1.0:
+    return 0.0
+  return float(max(0.0, special.ndtri(tpr_lo) - special.ndtri(fpr_hi)))
 
 
 # ------------------------------------------------------------------------------------------

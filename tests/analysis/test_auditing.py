@@ -223,6 +223,188 @@ def test_one_run_simulated_randomized_response_with_delta_coverage():
 
 
 # ------------------------------------------------------------------------------------------
+# One training run, f-DP (Mahloujifar, Melis & Chaudhuri 2024).
+
+
+@pytest.mark.parametrize("mu", [0.0, 0.3, 1.0, 2.5])
+def test_fdp_single_guess_is_the_best_test_accuracy_gaussian(mu):
+  # One canary, one guess: the best accuracy of a test between N(0, 1) and N(mu, 1) with
+  # prior 1/2 is Phi(mu / 2) (threshold at mu / 2).
+  assert auditing.one_run_fdp_p_value(1, 1, 1, mu=mu) == pytest.approx(
+      stats.norm.cdf(mu / 2), abs=1e-9)
+
+
+@pytest.mark.parametrize("eps,delta", [(0.0, 0.0), (0.5, 0.0), (2.0, 1e-2), (6.0, 1e-5)])
+def test_fdp_single_guess_is_the_best_test_accuracy_epsilon_delta(eps, delta):
+  # (eps, delta)-DP with prior 1/2: the best accuracy is (e^eps + delta) / (1 + e^eps).
+  expected = (math.exp(eps) + delta) / (1 + math.exp(eps))
+  assert auditing.one_run_fdp_p_value(1, 1, 1, epsilon=eps, delta=delta) == pytest.approx(
+      expected, abs=1e-9)
+
+
+def _lp_max_probability(m, r, v, eps, delta):
+  """max P[N >= v] over distributions p_0..p_r of the number N of correct guesses subject to
+  the f-DP constraints of the design doc for the (eps, delta) curve, written out directly
+  and solved as a linear program: for i = 1..r, with A_i = (1/m) sum_{n >= i} n p_n and
+  B_i = (1/m) sum_{n >= i-1} (r - n) p_n, B_i >= max(0, (A_i - delta) e^-eps,
+  1 - delta - e^eps (1 - A_i))."""
+  optimize = pytest.importorskip("scipy.optimize")
+  n = np.arange(r + 1)
+  rows, bounds = [], []
+  for i in range(1, r + 1):
+    a = np.where(n >= i, n, 0) / m
+    b = np.where(n >= i - 1, r - n, 0) / m
+    rows.append(math.exp(-eps) * a - b)          # (A - delta) e^-eps <= B
+    bounds.append(delta * math.exp(-eps))
+    rows.append(-math.exp(eps) * a - b)          # 1 - delta - e^eps (1 - A) <= B
+    bounds.append(-(1 - delta - math.exp(eps)))
+  result = optimize.linprog(-(n >= v).astype(float), A_ub=np.array(rows), b_ub=bounds,
+                            A_eq=np.ones((1, r + 1)), b_eq=[1.0], bounds=(0, 1),
+                            method="highs")
+  assert result.status == 0
+  return -result.fun
+
+
+@pytest.mark.parametrize("m,r,v,eps,delta", [(4, 4, 3, 0.7, 0.0), (6, 4, 4, 1.0, 0.01),
+                                             (10, 6, 5, 1.5, 1e-3), (20, 8, 6, 0.4, 0.0),
+                                             (30, 12, 11, 2.0, 1e-4)])
+def test_fdp_recursion_is_the_optimum_of_the_constraints(m, r, v, eps, delta):
+  # The paper's recursion solves max P[N >= v] under its constraints in closed form; a
+  # linear program over all distributions of N (brute force) must find the same maximum.
+  ours = auditing.one_run_fdp_p_value(m, r, v, epsilon=eps, delta=delta)
+  assert ours == pytest.approx(_lp_max_probability(m, r, v, eps, delta), abs=1e-6)
+
+
+def _convex_max_probability_gaussian(m, r, v, mu):
+  """The same maximum for the mu-GDP curve, whose constraints B_i >= Phi(Phi^-1(A_i) - mu)
+  are convex: solved by SLSQP from the uniform distribution (an independent optimiser)."""
+  optimize = pytest.importorskip("scipy.optimize")
+  n = np.arange(r + 1)
+  def constraint(p, i):
+    a = np.sum(np.where(n >= i, n, 0) * p) / m
+    b = np.sum(np.where(n >= i - 1, r - n, 0) * p) / m
+    return b - stats.norm.cdf(stats.norm.ppf(min(max(a, 1e-300), 1.0)) - mu)
+  constraints = [{"type": "ineq", "fun": constraint, "args": (i,)} for i in range(1, r + 1)]
+  constraints.append({"type": "eq", "fun": lambda p: np.sum(p) - 1.0})
+  result = optimize.minimize(lambda p: -np.sum(p[v:]), np.full(r + 1, 1.0 / (r + 1)),
+                             method="SLSQP", bounds=[(0, 1)] * (r + 1),
+                             constraints=constraints, options={"ftol": 1e-12, "maxiter": 500})
+  assert result.success
+  return -result.fun
+
+
+@pytest.mark.parametrize("m,r,v,mu", [(4, 4, 3, 0.7), (10, 6, 5, 1.5), (20, 8, 7, 0.5)])
+def test_fdp_recursion_is_the_optimum_of_the_constraints_gaussian(m, r, v, mu):
+  ours = auditing.one_run_fdp_p_value(m, r, v, mu=mu)
+  assert ours == pytest.approx(_convex_max_probability_gaussian(m, r, v, mu), abs=1e-5)
+
+
+@pytest.mark.parametrize("m,r,v,confidence", [(1000, 100, 92, 0.95), (5000, 400, 330, 0.9)])
+def test_fdp_bounds_are_where_the_p_value_crosses_the_level(m, r, v, confidence):
+  level = 1 - confidence
+  mu = auditing.one_run_gdp_lower_bound(m, r, v, confidence)
+  assert auditing.one_run_fdp_p_value(m, r, v, mu=mu * (1 - 1e-6)) < level
+  assert auditing.one_run_fdp_p_value(m, r, v, mu=mu * (1 + 1e-6)) >= level
+  delta = 1e-5
+  assert auditing.one_run_fdp_epsilon_lower_bound(m, r, v, delta, confidence) == pytest.approx(
+      gaussian.epsilon_for_delta(1 / mu, delta), rel=1e-9)
+  eps = auditing.one_run_fdp_epsilon_lower_bound(m, r, v, delta, confidence,
+                                                 family="epsilon_delta")
+  assert auditing.one_run_fdp_p_value(m, r, v, epsilon=eps * (1 - 1e-6), delta=delta) < level
+  assert auditing.one_run_fdp_p_value(m, r, v, epsilon=eps * (1 + 1e-6), delta=delta) >= level
+
+
+@pytest.mark.parametrize("mu,r", [(0.5, 100), (1.5, 60)])
+def test_fdp_exact_error_probability_gaussian(mu, r):
+  # r canaries, all guessed, each by the Gaussian test "in iff score > mu / 2": mu-GDP in
+  # each bit, each guess right independently w.p. Phi(mu / 2), so N ~ Bin(r, Phi(mu / 2))
+  # and P[bound > mu] is an exact binomial sum.
+  p = stats.norm.cdf(mu / 2)
+  lo, hi = stats.binom.ppf([1e-9, 1 - 1e-13], r, p).astype(int)
+  wrong = sum(stats.binom.pmf(v, r, p) for v in range(lo, hi + 1)
+              if auditing.one_run_gdp_lower_bound(r, r, v) > mu)
+  assert wrong <= 0.05
+
+
+def _simulated_gaussian_audits(mu, m, k, reps, seed, delta=1e-5):
+  """One-run audits of m Gaussian canaries (score mu * S_i + N(0, 1)), k guesses each way."""
+  rng = np.random.default_rng(seed)
+  steinke, fdp_eps, fdp_mu = [], [], []
+  for _ in range(reps):
+    included = rng.random(m) < 0.5
+    order = np.argsort(mu * included + rng.standard_normal(m))
+    correct = int(np.sum(included[order[-k:]]) + np.sum(~included[order[:k]]))
+    steinke.append(auditing.one_run_epsilon_lower_bound(m, 2 * k, correct, delta=delta))
+    fdp_mu.append(auditing.one_run_gdp_lower_bound(m, 2 * k, correct))
+    fdp_eps.append(auditing.one_run_fdp_epsilon_lower_bound(m, 2 * k, correct, delta))
+  return np.array(steinke), np.array(fdp_eps), np.array(fdp_mu)
+
+
+@pytest.mark.parametrize("mu,m,k", [(gaussian_mu, 1000, 50) for gaussian_mu in (0.925, 2.0)])
+def test_fdp_simulated_gaussian_canaries_sound_and_tighter_than_steinke(mu, m, k):
+  # mu = 0.925 is the Gaussian mechanism with eps 4 at delta 1e-5.
+  delta, reps = 1e-5, 200
+  eps_true = gaussian.epsilon_for_delta(1.0 / mu, delta)
+  steinke, fdp_eps, fdp_mu = _simulated_gaussian_audits(mu, m, k, reps, seed=38)
+  tolerance = 3.0 * math.sqrt(0.05 * 0.95 / reps)
+  assert np.mean(fdp_mu > mu) <= 0.05 + tolerance
+  assert np.mean(fdp_eps > eps_true) <= 0.05 + tolerance
+  # Tighter on the same guesses: the paper reports about 2x on DP-SGD's Gaussian scores.
+  assert np.mean(fdp_eps) >= 1.3 * np.mean(steinke)
+  assert np.mean(fdp_eps >= steinke) >= 0.95
+  assert np.mean(fdp_mu) > 0.5 * mu  # not vacuous
+
+
+def test_fdp_epsilon_delta_family_exact_error_probability_for_randomized_response():
+  # RR with eps_true is (eps_true, 0)-DP; every guess right w.p. e^eps / (1 + e^eps).
+  eps_true, r = 1.0, 200
+  p = _rr_accuracy(eps_true)
+  lo, hi = stats.binom.ppf([1e-9, 1 - 1e-13], r, p).astype(int)
+  wrong = sum(stats.binom.pmf(v, r, p) for v in range(lo, hi + 1)
+              if auditing.one_run_fdp_epsilon_lower_bound(r, r, v, 0.0,
+                                                          family="epsilon_delta") > eps_true)
+  assert wrong <= 0.05
+
+
+def test_fdp_monotone_and_nothing_at_chance():
+  assert auditing.one_run_gdp_lower_bound(1000, 100, 50) == 0.0
+  assert auditing.one_run_fdp_p_value(1000, 100, 0, mu=1.0) == 1.0
+  bounds = [auditing.one_run_gdp_lower_bound(1000, 100, v) for v in (70, 80, 90, 100)]
+  assert all(a < b for a, b in zip(bounds, bounds[1:]))
+  p_values = [auditing.one_run_fdp_p_value(1000, 100, 85, mu=mu) for mu in (0.2, 0.5, 1.0)]
+  assert all(a < b for a, b in zip(p_values, p_values[1:]))
+  assert (auditing.one_run_gdp_lower_bound(1000, 100, 90, confidence=0.99)
+          < auditing.one_run_gdp_lower_bound(1000, 100, 90, confidence=0.9))
+
+
+# ------------------------------------------------------------------------------------------
+# Many training runs, read through mu-GDP.
+
+
+@pytest.mark.parametrize("tp,pos,fp,neg,confidence", [(900, 1000, 100, 1000, 0.95),
+                                                      (60, 100, 30, 100, 0.9),
+                                                      (10, 10, 0, 10, 0.95)])
+def test_gdp_many_run_matches_scipy_reference(tp, pos, fp, neg, confidence):
+  tail = (1 - confidence) / 2
+  tpr_lo = stats.beta.ppf(tail, tp, pos - tp + 1)
+  fpr_hi = stats.beta.ppf(1 - tail, fp + 1, neg - fp)
+  expected = max(0.0, stats.norm.ppf(tpr_lo) - stats.norm.ppf(fpr_hi))
+  assert auditing.gdp_lower_bound(tp, pos, fp, neg, confidence) == pytest.approx(expected,
+                                                                                 rel=1e-9)
+
+
+def test_gdp_many_run_simulated_gaussian_coverage():
+  rng = np.random.default_rng(4)
+  mu, n, reps = 1.0, 500, 2000
+  t = mu / 2
+  tp = rng.binomial(n, stats.norm.sf(t - mu), reps)
+  fp = rng.binomial(n, stats.norm.sf(t), reps)
+  bounds = np.array([auditing.gdp_lower_bound(int(a), n, int(b), n) for a, b in zip(tp, fp)])
+  assert np.mean(bounds > mu) <= 0.05 + 3.0 * math.sqrt(0.05 * 0.95 / reps)
+  assert np.mean(bounds) > 0.6 * mu
+
+
+# ------------------------------------------------------------------------------------------
 # Many training runs.
 
 
@@ -470,6 +652,30 @@ _ROC = dict(scores_members=[1.0, 2.0], scores_nonmembers=[0.0])
     (auditing.tpr_at_fpr, dict(_ROC, fpr=1.5), r"fpr must be in \[0, 1\]"),
     (auditing.tpr_at_fpr, dict(_ROC, fpr=0.1, interpolation="nearest"),
      "interpolation must be one of"),
+    (auditing.one_run_fdp_p_value, dict(_ONE_RUN), "give exactly one of mu"),
+    (auditing.one_run_fdp_p_value, dict(_ONE_RUN, mu=1.0, epsilon=1.0),
+     "give exactly one of mu"),
+    (auditing.one_run_fdp_p_value, dict(_ONE_RUN, mu=1.0, delta=1e-5),
+     "delta goes with epsilon"),
+    (auditing.one_run_fdp_p_value, dict(_ONE_RUN, mu=-1.0), "mu must be >= 0"),
+    (auditing.one_run_fdp_p_value, dict(_ONE_RUN, epsilon=1.0, delta=1.0),
+     r"delta must be in \[0, 1\)"),
+    (auditing.one_run_fdp_p_value, dict(_ONE_RUN, num_canaries=0, mu=1.0),
+     "num_canaries must be an integer >= 1"),
+    (auditing.one_run_gdp_lower_bound, dict(_ONE_RUN, num_correct=11),
+     r"num_correct must be an integer in \[0, num_guesses\] = \[0, 10\]"),
+    (auditing.one_run_gdp_lower_bound, dict(_ONE_RUN, confidence=1.0),
+     r"confidence must be in \(0, 1\)"),
+    (auditing.one_run_fdp_epsilon_lower_bound, dict(_ONE_RUN, delta=0.0),
+     r"delta must be in \(0, 1\)"),
+    (auditing.one_run_fdp_epsilon_lower_bound, dict(_ONE_RUN, delta=1e-5, family="laplace"),
+     "family must be one of"),
+    (auditing.one_run_fdp_epsilon_lower_bound,
+     dict(_ONE_RUN, delta=-1.0, family="epsilon_delta"), r"delta must be in \[0, 1\)"),
+    (auditing.gdp_lower_bound, dict(_MANY_RUN, positives=0), "positives must be an integer >= 1"),
+    (auditing.gdp_lower_bound, dict(_MANY_RUN, false_positives=11),
+     r"false_positives must be an integer in \[0, negatives\] = \[0, 10\]"),
+    (auditing.gdp_lower_bound, dict(_MANY_RUN, confidence=2.0), r"confidence must be in \(0, 1\)"),
 ])
 def test_errors_name_the_argument_and_range(func, kwargs, message):
   with pytest.raises(ValueError, match=message):
