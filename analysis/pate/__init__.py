@@ -15,6 +15,7 @@ Sub-modules (private): ``_mechanisms`` (per-query RDP), ``_smooth`` (smooth sens
 settings).  No TensorFlow import; numpy and scipy only.
 """
 from analysis.pate._accountant import PateAccountant, SanitizedEpsilon
+from analysis.pate._settings import ConfidentGNMaxSettings, suggest_confident_gnmax
 from analysis.pate._mechanisms import (log_pr_answered, log_q_gnmax, log_q_lnmax, rdp_gnmax,
                                        rdp_gnmax_data_independent, rdp_lnmax,
                                        rdp_lnmax_data_independent, rdp_threshold,
@@ -24,6 +25,7 @@ from analysis.pate._smooth import (_gnmax_table, _threshold_c5, local_sensitivit
                                    smooth_sensitivity_gnmax, smooth_sensitivity_threshold)
 
 __all__ = [
+    "ConfidentGNMaxSettings",
     "PateAccountant",
     "SanitizedEpsilon",
     "local_sensitivity_gnmax",
@@ -40,4 +42,5 @@ __all__ = [
     "rdp_threshold_data_independent",
     "smooth_sensitivity_gnmax",
     "smooth_sensitivity_threshold",
+    "suggest_confident_gnmax",
 ]
