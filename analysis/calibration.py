@@ -1,28 +1,25 @@
-"""Noise calibration: the smallest noise multiplier that meets an (eps, delta) budget.
+"""Calibration: the parameter of a mechanism that just meets an (epsilon, delta) budget.
 
-For the Poisson-subsampled Gaussian mechanism run for ``steps`` steps, epsilon at a fixed delta
-is non-increasing in the noise multiplier sigma, so the smallest sigma with
-eps(sigma) <= target_epsilon is found by a bracketed root search on log(sigma):
+One entry point, :func:`calibrate`: from ``event_of`` (a parameter -> the mechanism's
+:mod:`analysis.events` event), a target epsilon, delta and an accountant named in
+:mod:`analysis.accountants`, to the parameter.
 
-1. bracket: start at sigma = 1 and double (or halve) until [lo, hi] has eps(lo) > target and
-   eps(hi) <= target; the upper end is capped at ``SEARCH_MAX_NOISE`` = 1e4;
-2. shrink the bracket with the Illinois variant of regula falsi on
-   log(eps) - log(target) versus log(sigma) (falling back to bisection when it stalls) until
-   hi - lo <= tolerance * hi;
-3. return hi, which always meets the budget (it was evaluated with the accountant, never
-   interpolated); its excess over the exact smallest sigma is at most ``tolerance`` relative.
+* Continuous (a noise multiplier; epsilon non-increasing in it): the smallest parameter in
+  ``[lower, upper]`` whose evaluated epsilon meets the target, found by a bracketed root search
+  on log(parameter) (see :func:`calibrate`); the value returned was itself evaluated and met the
+  budget, and it is at most ``tolerance`` relative above the exact smallest one.
+* Integer (a count of steps, epochs or releases; epsilon non-decreasing in it): the largest
+  count in ``[lower, upper]`` that meets the target, by doubling then bisection
+  (:func:`largest_count_that_fits`, the one integer search).
 
 With the RDP accountant each probe after the first evaluates only a sliding window of orders
-around the previous probe's optimal order (same epsilon as the full list, about 2x faster
-overall; see ``_epsilon_function``).
+around the previous probe's optimal order (same epsilon as the full list, fewer orders
+evaluated; see ``_epsilon_function``).  The "pld" accountant's epsilon is the smaller of the PLD
+and the RDP bound (``pld_accountant.compute_epsilon_with_rdp_cap``).
 
-The accountant is either the RDP accountant (:mod:`analysis.rdp_accountant`, tight RDP-to-DP
-conversion over the given orders) or the PLD accountant (:mod:`analysis.pld_accountant`,
-imported lazily), whose epsilon is the smaller of the PLD and the RDP bound
-(``pld_accountant.compute_epsilon_with_rdp_cap``: PLD unless its grid had to be coarsened for
-very many steps).  Both decrease with sigma (the RDP one up to its order search's tolerance),
-and the sigma returned is always one whose evaluated epsilon meets the budget.  No TensorFlow
-import.
+The DP-SGD forms :func:`compute_noise_multiplier` (TF Privacy's name),
+:func:`compute_noise_multiplier_for_training` and :func:`noise_multiplier_for_event` are thin
+documented wrappers of :func:`calibrate`.  No TensorFlow import.
 """
 from __future__ import annotations
 
@@ -32,14 +29,15 @@ from fractions import Fraction
 import numpy as np
 
 from analysis import accountants as _accountants
-from analysis import dp_sgd, rdp_accountant
-from analysis._numerics import SEARCH_MAX_NOISE, SEARCH_MIN_NOISE
+from analysis import dp_sgd, events, rdp_accountant
 from analysis._checks import (MAX_STEPS, _describe, check_choice, check_count, check_delta,
-                              check_orders, check_positive, check_probability, check_real,
-                              check_steps)
+                              check_finite_positive, check_orders, check_positive,
+                              check_probability, check_real, check_steps)
+from analysis._numerics import SEARCH_MAX_NOISE, SEARCH_MIN_NOISE
 
-__all__ = ["largest_count_that_fits", "compute_noise_multiplier", "compute_noise_multiplier_for_training",
-           "noise_multiplier_for_event", "steps_for_training", "ACCOUNTANTS"]
+__all__ = ["ACCOUNTANTS", "calibrate", "compute_noise_multiplier",
+           "compute_noise_multiplier_for_training", "largest_count_that_fits",
+           "noise_multiplier_for_event", "steps_for_training", "training_event_of"]
 
 ACCOUNTANTS = _accountants.ACCOUNTANTS
 _MAX_ITERATIONS = 200
@@ -47,29 +45,105 @@ _ORDER_WINDOW = 6
 
 
 def largest_count_that_fits(fits, *, start: int = 0, cap: int = 2**40):
-  """The largest integer ``n`` in ``[start, cap]`` with ``fits(n)``, for a predicate that is true
-  up to some ``n*`` and false after it (e.g. "``n`` more steps keep epsilon within budget").
+  """The largest integer ``n`` >= ``start`` with ``fits(n)``, for a predicate that is true up to
+  some ``n*`` and false after it (e.g. "``n`` more steps keep epsilon within budget").
 
-  Doubling from ``start`` then bisection: ``O(log n*)`` calls.  Returns ``start - 1`` when
-  ``fits(start)`` is false, and ``None`` when ``fits`` holds at a count above ``cap`` (e.g. no
-  noise cost at all).
+  Doubling from ``start`` then bisection (:func:`_largest_count`): ``O(log n*)`` calls.
+  Returns ``start - 1`` when ``fits(start)`` is false, and ``None`` when ``fits`` holds at
+  ``cap + 1`` (e.g. no noise cost at all).
 
   Args:
     fits: ``int -> bool``, monotone (true, then false).
     start: the smallest count considered, an integer >= 0.
     cap: an integer > ``start``; counts above it are "unlimited".
   """
-  if not fits(start):
-    return start - 1
-  low, high = start, max(2 * start, start + 1)
-  while fits(high):
-    if high > cap:
-      return None
-    low, high = high, high * 2
+  found = _largest_count(fits, start, cap + 1)
+  return None if found == cap + 1 else found
+
+
+def _largest_count(fits, lower: int, upper: int) -> int:
+  """The largest ``n`` in ``[lower, upper]`` with ``fits(n)`` (monotone: true, then false), or
+  ``lower - 1``; never calls ``fits`` outside ``[lower, upper]``.  Doubling then bisection."""
+  if not fits(lower):
+    return lower - 1
+  low = lower
+  while low < upper:
+    high = min(max(2 * low, low + 1), upper)
+    if not fits(high):
+      break
+    low = high
+  else:
+    return upper
   while high - low > 1:
     mid = (low + high) // 2
     low, high = (mid, high) if fits(mid) else (low, mid)
   return low
+
+
+def calibrate(event_of, target_epsilon: float, delta: float, *, accountant: str = "rdp",
+              lower=None, upper=None, integer: bool = False, tolerance: float = 1e-4,
+              orders=None, name: str | None = None, context: str = ""):
+  """The parameter of ``event_of`` that just meets ``(target_epsilon, delta)``.
+
+  ``event_of(p)`` is the :mod:`analysis.events` event of the mechanism with parameter ``p``;
+  its epsilon at ``delta`` is computed by the accountant named ``accountant``
+  (:func:`analysis.accountants.make_accountant`; ``orders`` for ``"rdp"``).
+
+  * ``integer=False`` (e.g. a noise multiplier; epsilon must not increase with ``p``): the
+    smallest ``p`` in ``[lower, upper]`` (default ``[1e-3, 1e4]``) with
+    epsilon(p) <= target_epsilon, within ``tolerance`` relative above the exact smallest one.
+    Search on log(p): start at 1 (clamped into the range), double or halve until the target is
+    bracketed, then the Illinois variant of regula falsi on log(eps) - log(target) (bisection
+    where it stalls) until the bracket is ``tolerance`` relative wide; the upper end, which was
+    evaluated and met the budget, is returned.  When even ``p`` in ``[lower, 2 lower)`` meets
+    the target that value is returned (the budget needs (almost) no noise); an infinite
+    ``target_epsilon`` returns 0.0.
+  * ``integer=True`` (e.g. steps, epochs or releases; epsilon must not decrease with ``p``):
+    the largest integer ``p`` in ``[lower, upper]`` (default ``[0, 2**40]``) with
+    epsilon(p) <= target_epsilon, or ``lower - 1`` when even ``lower`` does not fit
+    (:func:`_largest_count`: doubling then bisection, ``O(log p)`` evaluations).
+
+  Args:
+    event_of: ``p -> DpEvent``.
+    target_epsilon: in (0, inf] (nats).
+    delta: in (0, 1).
+    accountant: a registered accountant name (:data:`analysis.accountants.ACCOUNTANTS`).
+    lower: smallest parameter searched (> 0 continuous, an integer >= 0 for ``integer``).
+    upper: largest parameter searched (> lower).
+    integer: search integers (largest that fits) instead of reals (smallest that fits).
+    tolerance: relative tolerance of the continuous search, in (0, 1).
+    orders: Renyi orders for ``"rdp"`` (default ``rdp_accountant.DEFAULT_ORDERS``).
+    name: the parameter's name in error messages (default ``"noise_multiplier"``).
+    context: words appended to ``"at delta=..."`` in the "cannot be met" error.
+
+  Returns:
+    A float (continuous) or an int (``integer``).
+
+  Raises:
+    ValueError: an argument out of range (named in the message), or, continuous, a target not
+      met even at ``upper`` (the message names target_epsilon).
+  """
+  target_epsilon = check_positive("target_epsilon", target_epsilon)
+  delta = check_delta("delta", delta)
+  orders = _check_accountant_and_orders(accountant, orders)
+  if integer:
+    lower = 0 if lower is None else check_count("lower", lower, minimum=0)
+    upper = 2**40 if upper is None else check_count("upper", upper, minimum=lower)
+    if target_epsilon == math.inf:
+      return upper
+    eps_of = _epsilon_function(event_of, delta, accountant, orders)
+    return _largest_count(lambda n: eps_of(n) <= target_epsilon, lower, upper)
+  tolerance = _check_tolerance(tolerance)
+  lower = SEARCH_MIN_NOISE if lower is None else check_finite_positive("lower", lower)
+  upper = SEARCH_MAX_NOISE if upper is None else check_finite_positive("upper", upper)
+  if not upper > lower:
+    raise ValueError(f"upper must be > lower={lower!r}, got {upper!r}.")
+  if target_epsilon == math.inf or not events.flatten(event_of(upper)):
+    return 0.0  # no noise needed: an infinite budget, or nothing is released
+  run = f"at delta={delta!r}" + (f" {context}" if context else "")
+  return _smallest_parameter(_epsilon_function(event_of, delta, accountant, orders),
+                             target_epsilon, tolerance, run, lower, upper,
+                             name or "noise_multiplier")
 
 
 def _epsilon_function(event_of, delta: float, accountant: str, orders):
@@ -151,12 +225,9 @@ def compute_noise_multiplier(target_epsilon: float, target_delta: float,
   steps = int(steps)
   if q == 0.0 or steps == 0 or target_epsilon == math.inf:
     return 0.0
-
-  eps_of = _epsilon_function(
-      lambda sigma: dp_sgd.dp_sgd_event(sigma, steps, sampling_probability=q), target_delta,
-      accountant, orders)
-  return _smallest_noise(eps_of, target_epsilon, tolerance,
-                         f"at target_delta={target_delta!r} with q={q!r} over {steps} steps")
+  return calibrate(lambda sigma: dp_sgd.dp_sgd_event(sigma, steps, sampling_probability=q),
+                   target_epsilon, target_delta, accountant=accountant, orders=orders,
+                   tolerance=tolerance, context=f"with q={q!r} over {steps} steps")
 
 
 def noise_multiplier_for_event(event_of, target_epsilon: float, target_delta: float, *,
@@ -172,41 +243,50 @@ def noise_multiplier_for_event(event_of, target_epsilon: float, target_delta: fl
   Raises:
     ValueError: an argument out of range, or a target not met even at sigma = 1e4.
   """
-  target_epsilon, target_delta, orders, tolerance = _check_search(
-      target_epsilon, target_delta, accountant, 0, None, tolerance)
-  if target_epsilon == math.inf:
-    return 0.0
-  return _smallest_noise(_epsilon_function(event_of, target_delta, accountant, orders),
-                         target_epsilon, tolerance, f"at target_delta={target_delta!r}")
+  return calibrate(event_of, target_epsilon, target_delta, accountant=accountant,
+                   tolerance=tolerance)
 
 
 def _check_search(target_epsilon, target_delta, accountant, steps, orders, tolerance):
-  """Validates the search arguments; returns (target_epsilon, target_delta, orders, tolerance)."""
+  """Validates the DP-SGD wrappers' arguments (steps in the accountant's range); returns
+  (target_epsilon, target_delta, orders, tolerance)."""
   target_epsilon = check_positive("target_epsilon", target_epsilon)
   target_delta = check_delta("target_delta", target_delta)
-  check_choice("accountant", accountant, ACCOUNTANTS)
+  orders = _check_accountant_and_orders(accountant, orders)
   if accountant == "pld":
     from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
     check_steps("steps", steps, maximum=pld_accountant.MAX_STEPS,
                 why="the PLD accountant's supported range")
+  else:
+    check_steps("steps", steps)
+  return target_epsilon, target_delta, orders, _check_tolerance(tolerance)
+
+
+def _check_accountant_and_orders(accountant, orders):
+  """The accountant name checked and ``orders`` as a list (``DEFAULT_ORDERS`` when None), or
+  None for an accountant without Renyi orders (where ``orders`` must be None)."""
+  check_choice("accountant", accountant, ACCOUNTANTS)
+  if accountant == "pld":
     if orders is not None:
       raise ValueError("orders must be None with accountant='pld' (the PLD accountant has no "
                        f"Renyi orders), got {orders!r}.")
-  else:
-    check_steps("steps", steps)
+    return None
+  if orders is None:
+    return list(rdp_accountant.DEFAULT_ORDERS)
+  return list(check_orders("orders", orders if not isinstance(orders, np.ndarray)
+                           else list(orders), max_finite=rdp_accountant.MAX_ORDER)[0])
+
+
+def _check_tolerance(tolerance) -> float:
   tolerance = check_real("tolerance", tolerance)
   if not 0.0 < tolerance < 1.0:
     raise ValueError(f"tolerance must be in (0, 1), got {tolerance!r}.")
-  if orders is None:
-    orders = list(rdp_accountant.DEFAULT_ORDERS)
-  else:
-    orders = list(check_orders("orders", orders if not isinstance(orders, np.ndarray)
-                               else list(orders), max_finite=rdp_accountant.MAX_ORDER)[0])
-  return target_epsilon, target_delta, orders, tolerance
+  return tolerance
 
 
-def _smallest_noise(eps_of, target_epsilon: float, tolerance: float, run: str) -> float:
-  """Smallest sigma in [SEARCH_MIN_NOISE, SEARCH_MAX_NOISE] with eps_of(sigma) <= target."""
+def _smallest_parameter(eps_of, target_epsilon: float, tolerance: float, run: str,
+                        lower: float, upper: float, name: str) -> float:
+  """Smallest p in [lower, upper] with eps_of(p) <= target (:func:`calibrate`)."""
   cache: dict[float, float] = {}
 
   def excess(sigma: float) -> float:
@@ -218,24 +298,24 @@ def _smallest_noise(eps_of, target_epsilon: float, tolerance: float, run: str) -
     return cache[sigma]
 
   # 1. Bracket: excess(lo) > 0 >= excess(hi).
-  hi = 1.0
+  hi = min(max(1.0, lower), upper)
   if excess(hi) > 0.0:
     lo = hi
     while True:
-      hi = min(2.0 * hi, SEARCH_MAX_NOISE)
-      if excess(hi) <= 0.0:
-        break
-      if hi >= SEARCH_MAX_NOISE:
+      if hi >= upper:
         raise ValueError(
             f"target_epsilon={target_epsilon!r} cannot be met {run} even with "
-            f"noise_multiplier={SEARCH_MAX_NOISE:g}; "
+            f"{name}={upper:g}; "
             "raise target_epsilon (or target_delta), or use fewer steps or a smaller q.")
+      hi = min(2.0 * hi, upper)
+      if excess(hi) <= 0.0:
+        break
       lo = hi
   else:
     while True:
       lo = hi / 2.0
-      if lo < SEARCH_MIN_NOISE:
-        return hi  # budget met by (almost) no noise; don't search below 1e-3
+      if lo < lower:
+        return hi  # budget met by (almost) no noise: nothing is searched below ``lower``
       if excess(lo) > 0.0:
         break
       hi = lo
@@ -350,6 +430,33 @@ def compute_noise_multiplier_for_training(target_epsilon: float, target_delta: f
     return compute_noise_multiplier(target_epsilon, target_delta, batch_size / dataset_size,
                                     steps, accountant=accountant, orders=orders,
                                     tolerance=tolerance)
+  event_of, steps = training_event_of(dataset_size, batch_size, epochs, sampling=sampling,
+                                      microbatch_size=microbatch_size,
+                                      steps_per_epoch=steps_per_epoch)
+  target_epsilon, target_delta, orders, tolerance = _check_search(
+      target_epsilon, target_delta, accountant, steps, orders, tolerance)
+  return calibrate(event_of, target_epsilon, target_delta, accountant=accountant,
+                   orders=orders, tolerance=tolerance, context=_training_context(
+                       steps, sampling, batch_size, dataset_size))
+
+
+def training_event_of(dataset_size: int, batch_size: int, epochs: float, *,
+                      sampling: str = "poisson", microbatch_size: int = 1,
+                      steps_per_epoch: int | None = None):
+  """``(event_of, steps)``: the noise multiplier -> event of a DP-SGD training run, and its steps.
+
+  ``event_of(sigma)`` is :func:`analysis.dp_sgd.dp_sgd_event` for ``steps`` steps: for
+  ``"poisson"`` and ``"without_replacement"`` ``steps = ceil(epochs * dataset_size /
+  batch_size)`` (:func:`steps_for_training`); for ``"shuffle"`` ``ceil(epochs)`` epochs of
+  ``steps_per_epoch`` batches (default ``floor(dataset_size / batch_size)``, at least 1).
+  Every argument is checked here (``event_of(1.0)`` is built once), so that a search over
+  sigma (:func:`calibrate`) starts from valid arguments.
+
+  Raises:
+    ValueError: as :func:`steps_for_training` and :func:`analysis.dp_sgd.dp_sgd_event`.
+  """
+  steps = steps_for_training(dataset_size, batch_size, epochs)
+  check_choice("sampling", sampling, dp_sgd.SAMPLINGS)
   if sampling == "shuffle":
     if steps_per_epoch is None:
       steps_per_epoch = max(1, int(dataset_size) // int(batch_size))
@@ -361,12 +468,10 @@ def compute_noise_multiplier_for_training(target_epsilon: float, target_delta: f
                                batch_size=batch_size, steps_per_epoch=steps_per_epoch,
                                microbatch_size=microbatch_size)
 
-  event_of(1.0)  # validates every argument before the search
-  target_epsilon, target_delta, orders, tolerance = _check_search(
-      target_epsilon, target_delta, accountant, steps, orders, tolerance)
-  if steps == 0 or target_epsilon == math.inf:
-    return 0.0
-  return _smallest_noise(_epsilon_function(event_of, target_delta, accountant, orders),
-                         target_epsilon, tolerance,
-                         f"at target_delta={target_delta!r} for {steps} steps of {sampling} "
-                         f"batches of {batch_size} from {dataset_size} examples")
+  event_of(1.0)  # validates every argument before any search
+  return event_of, steps
+
+
+def _training_context(steps, sampling, batch_size, dataset_size) -> str:
+  return (f"for {steps} steps of {sampling} batches of {batch_size} from {dataset_size} "
+          "examples")

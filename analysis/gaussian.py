@@ -102,6 +102,11 @@ def noise_multiplier_for_epsilon(target_epsilon: float, delta: float, count: int
   multiplier sigma are (target_epsilon, delta)-DP: ``sqrt(count) * s`` where ``s`` solves
   ``delta(target_epsilon; s) = delta`` (delta(eps) decreases in sigma).
 
+  The closed-form special case of :func:`analysis.calibration.calibrate` (which, with a
+  composed ``GaussianEvent``, returns the same sigma up to its tolerance): a root of the exact
+  curve to ~1e-15, rounded up, kept here because the accountants build on this module and
+  calibration builds on them.
+
   Args:
     target_epsilon: in (0, inf); delta: in (0, 1); count: integer >= 1.
   """

@@ -513,7 +513,8 @@ def noise_multiplier_for_budget(target_epsilon, delta, dataset_size, batch_size,
   """Train to a budget: the smallest noise multiplier meeting ``(target_epsilon, delta)``.
 
   The run is accounted exactly as :class:`PrivacyAccountant` will account it (the same
-  ``analysis.dp_sgd`` rule): ``analysis.calibration.compute_noise_multiplier_for_training``.
+  ``analysis.dp_sgd`` rule, ``analysis.calibration.training_event_of``) and calibrated by
+  ``analysis.calibration.calibrate`` (tolerance 1e-4 relative on sigma).
   ``"poisson"``: q = batch_size / dataset_size for ``ceil(epochs * dataset_size / batch_size)``
   steps; ``"shuffle"``: the Gaussian once per epoch started, ``ceil(epochs)`` times;
   ``microbatch_size > 1`` halves the effective noise, so the sigma returned is about doubled.
@@ -528,9 +529,13 @@ def noise_multiplier_for_budget(target_epsilon, delta, dataset_size, batch_size,
   """
   from analysis import calibration  # pylint: disable=g-import-not-at-top
   _checks.check_choice("sampling", sampling, SAMPLINGS)
-  return calibration.compute_noise_multiplier_for_training(
-      target_epsilon, delta, dataset_size, batch_size, epochs, sampling=sampling,
-      microbatch_size=microbatch_size, steps_per_epoch=steps_per_epoch, accountant=accountant)
+  event_of, steps = calibration.training_event_of(
+      dataset_size, batch_size, epochs, sampling=sampling, microbatch_size=microbatch_size,
+      steps_per_epoch=steps_per_epoch)
+  return calibration.calibrate(
+      event_of, target_epsilon, delta, accountant=accountant,
+      context=f"for {steps} steps of {sampling} batches of {batch_size} from {dataset_size} "
+              "examples")
 
 
 # ------------------------------------------------------------------------------------------

@@ -360,11 +360,14 @@ def make_private(data, *, batch_size: int, l2_norm_clip: float, delta: float,
     return _accountants.make_accountant(accountant).compose(event).get_epsilon(delta)
 
   if noise_multiplier is None:
-    noise_multiplier = calibration.noise_multiplier_for_event(
+    noise_multiplier = calibration.calibrate(
         lambda sigma: _event(sampling, n, b, microbatch_size, sigma, epochs * per_epoch),
         target_epsilon, delta, accountant=accountant)
   elif epochs is None:
-    epochs = _most_epochs(lambda e: epsilon_of(noise_multiplier, e) <= target_epsilon)
+    epochs = calibration.calibrate(
+        lambda e: _event(sampling, n, b, microbatch_size, noise_multiplier, e * per_epoch),
+        target_epsilon, delta, accountant=accountant, integer=True, lower=1,
+        upper=_MAX_EPOCHS, name="epochs")
     if epochs == 0:
       raise ValueError(f"noise_multiplier={noise_multiplier} does not allow even one epoch "
                        f"within target_epsilon={target_epsilon} at delta={delta:g}; raise one "
@@ -401,17 +404,3 @@ def _resolved_adaptive_clipping(adaptive_clipping, noise_multiplier, accumulatio
                                 adaptive_maths.default_count_noise_stddev(per_step))
   adaptive_maths.sum_noise_multiplier(noise_multiplier, settings.count_noise_stddev)
   return settings
-
-
-def _most_epochs(fits) -> int:
-  """The largest integer e in [0, 1e6] with fits(e) (fits is monotone: true, then false)."""
-  if not fits(1):
-    return 0
-  low, high = 1, 2
-  while high <= _MAX_EPOCHS and fits(high):
-    low, high = high, high * 2
-  high = min(high, _MAX_EPOCHS + 1)
-  while high - low > 1:
-    middle = (low + high) // 2
-    low, high = (middle, high) if fits(middle) else (low, middle)
-  return low
