@@ -341,7 +341,9 @@ def one_run_fdp_epsilon_lower_bound(num_canaries: int, num_guesses: int, num_cor
   In both, ``P[bound > eps_true] <= 1 - confidence`` for guesses fixed without the bits.
 
   Args:
-    num_canaries, num_guesses, num_correct: m >= 1, r in [0, m], v in [0, r].
+    num_canaries: m >= 1.
+    num_guesses: r in [0, m].
+    num_correct: v in [0, r].
     delta: in (0, 1) for "gaussian" (mu-GDP is not (eps, 0)-DP for any finite eps), [0, 1)
       for "epsilon_delta".
     confidence: in (0, 1).
