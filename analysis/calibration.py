@@ -35,11 +35,10 @@ from analysis._checks import (MAX_STEPS, _describe, check_choice, check_count, c
                               check_probability, check_real, check_steps)
 from analysis._numerics import SEARCH_MAX_NOISE, SEARCH_MIN_NOISE
 
-__all__ = ["ACCOUNTANTS", "calibrate", "compute_noise_multiplier",
+__all__ = ["calibrate", "compute_noise_multiplier",
            "compute_noise_multiplier_for_training", "largest_count_that_fits",
            "noise_multiplier_for_event", "steps_for_training", "training_event_of"]
 
-ACCOUNTANTS = _accountants.ACCOUNTANTS
 _MAX_ITERATIONS = 200
 _ORDER_WINDOW = 6
 
@@ -78,6 +77,12 @@ def _largest_count(fits, lower: int, upper: int) -> int:
     mid = (low + high) // 2
     low, high = (mid, high) if fits(mid) else (low, mid)
   return low
+
+
+def __getattr__(name: str):
+  if name == "ACCOUNTANTS":  # the registered accountant names (analysis.accountants)
+    return _accountants.accountant_names()
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def calibrate(event_of, target_epsilon: float, delta: float, *, accountant: str = "rdp",
@@ -147,15 +152,18 @@ def calibrate(event_of, target_epsilon: float, delta: float, *, accountant: str 
 
 
 def _epsilon_function(event_of, delta: float, accountant: str, orders):
-  """sigma -> epsilon (nats, upper bound) of ``event_of(sigma)`` with the named accountant."""
-  if accountant != "rdp":
+  """p -> epsilon (nats, upper bound) of ``event_of(p)`` with the named accountant (a fresh one
+  per call; over ``orders`` for a Renyi accountant)."""
+  cls = _accountants.accountant_class(accountant)
+  if orders is None or not hasattr(cls, "epsilon_and_order"):
     def eps_other(sigma: float) -> float:
-      return _accountants.make_accountant(accountant).compose(event_of(sigma)).get_epsilon(delta)
+      return _accountants.make_accountant(accountant, orders=orders).compose(
+          event_of(sigma)).get_epsilon(delta)
 
     return eps_other
 
   def eps_over(window):
-    rdp = rdp_accountant.RdpAccountant(window).compose(event_of(sigma_now[0]))
+    rdp = _accountants.make_accountant(accountant, orders=window).compose(event_of(sigma_now[0]))
     eps, order, _ = rdp.epsilon_and_order(delta)
     return eps, (None if order is None else window.index(order))
 
@@ -253,28 +261,19 @@ def _check_search(target_epsilon, target_delta, accountant, steps, orders, toler
   target_epsilon = check_positive("target_epsilon", target_epsilon)
   target_delta = check_delta("target_delta", target_delta)
   orders = _check_accountant_and_orders(accountant, orders)
-  if accountant == "pld":
-    from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
-    check_steps("steps", steps, maximum=pld_accountant.MAX_STEPS,
-                why="the PLD accountant's supported range")
-  else:
-    check_steps("steps", steps)
+  _accountants.check_steps_for(accountant, steps)
   return target_epsilon, target_delta, orders, _check_tolerance(tolerance)
 
 
 def _check_accountant_and_orders(accountant, orders):
-  """The accountant name checked and ``orders`` as a list (``DEFAULT_ORDERS`` when None), or
-  None for an accountant without Renyi orders (where ``orders`` must be None)."""
-  check_choice("accountant", accountant, ACCOUNTANTS)
-  if accountant == "pld":
-    if orders is not None:
-      raise ValueError("orders must be None with accountant='pld' (the PLD accountant has no "
-                       f"Renyi orders), got {orders!r}.")
-    return None
-  if orders is None:
+  """The accountant name checked (a registered one) and ``orders`` as a list
+  (``DEFAULT_ORDERS`` when None) for a Renyi accountant, or None for one without orders
+  (where ``orders`` must be None)."""
+  check_choice("accountant", accountant, _accountants.accountant_names())
+  orders = _accountants.check_orders_for(accountant, orders)
+  if orders is None and _accountants.takes_orders(accountant):
     return list(rdp_accountant.DEFAULT_ORDERS)
-  return list(check_orders("orders", orders if not isinstance(orders, np.ndarray)
-                           else list(orders), max_finite=rdp_accountant.MAX_ORDER)[0])
+  return orders
 
 
 def _check_tolerance(tolerance) -> float:

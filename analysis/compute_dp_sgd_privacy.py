@@ -28,11 +28,9 @@ from analysis import accountant as _accountant
 from analysis import accountants as _accountants
 from analysis import calibration, dp_sgd, events, rdp_accountant, tuning
 from analysis._checks import (check_choice, check_count, check_delta, check_integer,
-                              check_nonnegative, check_orders, check_real, delta_warning)
+                              check_nonnegative, check_real, delta_warning)
 
 __all__ = ["DpSgdPrivacy", "compute_dp_sgd_privacy", "run"]
-
-ACCOUNTANTS = _accountants.ACCOUNTANTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,12 +95,14 @@ class DpSgdPrivacy:
     """A short plain-English paragraph describing the guarantee, ready to paste into a paper."""
     order = (f" (optimal Renyi order {self.optimal_order:g})"
              if self.optimal_order is not None else "")
-    method = ("Renyi-DP accounting (Mironov et al. 2019) with the conversion of Balle et al. "
-              f"(2020){order}")
-    if self.accountant == "pld":
-      method = ("privacy-loss-distribution (PLD) accounting" if self.optimal_order is None else
-                f"{method}, which is tighter here than privacy-loss-distribution (PLD) "
-                "accounting")
+    own = getattr(_accountants.accountant_class(self.accountant), "method",
+                  f"the {self.accountant} accountant")
+    if _accountants.takes_orders(self.accountant):
+      method = f"{own}{order}"
+    elif self.optimal_order is None:
+      method = own
+    else:  # the RDP bound (RdpAccountant's) was the smaller one
+      method = f"{rdp_accountant.RdpAccountant.method}{order}, which is tighter here than {own}"
     noise = f"noise multiplier {self.noise_multiplier:g}"
     micro = ""
     if self.microbatch_size > 1 or self.used_microbatching:
@@ -236,7 +236,7 @@ def compute_dp_sgd_privacy(n: int, batch_size: int, noise_multiplier: float, epo
   if batch_size % microbatch_size:
     raise ValueError(f"microbatch_size must divide batch_size={batch_size}, "
                      f"got {microbatch_size}.")
-  check_choice("accountant", accountant, ACCOUNTANTS)
+  check_choice("accountant", accountant, _accountants.accountant_names())
   if (tuning_runs_mean is None) != (tuning_shape is None):
     raise ValueError(
         "tuning_runs_mean and tuning_shape go together (the shape is the distribution K must "
@@ -245,24 +245,20 @@ def compute_dp_sgd_privacy(n: int, batch_size: int, noise_multiplier: float, epo
   if tuning_runs_mean is not None:
     tuning_runs_mean = events.check_repeat_mean("tuning_runs_mean", tuning_runs_mean)
     tuning_shape = events.check_repeat_shape("tuning_shape", tuning_shape)
-  if accountant == "pld" and orders is not None:
-    raise ValueError("orders must be None with accountant='pld' (the PLD accountant has no "
-                     f"Renyi orders), got {orders!r}.")
-  if orders is None:
+  orders = _accountants.check_orders_for(accountant, orders)
+  if orders is None and _accountants.takes_orders(accountant):
     orders = list(rdp_accountant.DEFAULT_ORDERS)
-  else:
-    orders = [float(a) for a in check_orders("orders", list(orders),
-                                             max_finite=rdp_accountant.MAX_ORDER)[0]]
+  # tuned_epsilon is RDP over these orders whatever the accountant (module docstring).
+  tuning_orders = list(rdp_accountant.DEFAULT_ORDERS) if orders is None else orders
 
   q = batch_size / n
   steps = calibration.steps_for_training(n, batch_size, epochs)
-  if accountant == "pld":
-    from analysis import pld_accountant  # pylint: disable=g-import-not-at-top
-    if steps > pld_accountant.MAX_STEPS:
-      raise ValueError(
-          f"epochs={epochs!r} gives {steps} steps, above the PLD accountant's supported "
-          f"maximum of {pld_accountant.MAX_STEPS} steps; use fewer epochs (at most "
-          f"{pld_accountant.MAX_STEPS * batch_size / n:.6g}) or accountant='rdp'.")
+  most = _accountants.max_steps(accountant)
+  if steps > most:
+    raise ValueError(
+        f"epochs={epochs!r} gives {steps} steps, above the {accountant.upper()} accountant's "
+        f"supported maximum of {most} steps; use fewer epochs (at most "
+        f"{most * batch_size / n:.6g}) or accountant='rdp'.")
   epochs_touched = math.ceil(epochs)
   # The two runs, described once (analysis.dp_sgd): Poisson-sampled, and once per epoch.
   # Only whether microbatches hold more than one example matters to the accounting.
@@ -276,14 +272,15 @@ def compute_dp_sgd_privacy(n: int, batch_size: int, noise_multiplier: float, epo
                                microbatch_size=clipped_per,
                                examples_per_user=examples_per_user)
 
-  if accountant == "rdp":
-    poisson = rdp_accountant.RdpAccountant(orders).compose(run_event)
+  poisson = _accountants.make_accountant(accountant, orders=orders).compose(run_event)
+  if hasattr(poisson, "epsilon_and_order"):  # a Renyi accountant: the optimal order on its grid
     eps, order, boundary = poisson.epsilon_and_order(delta)
   else:
-    poisson = _accountants.make_accountant("pld").compose(run_event)
     eps = poisson.get_epsilon(delta)
-    order = poisson.last_rdp_order if poisson.last_from_rdp else None
-    boundary = False  # the RDP order is optimised over the reals, not taken from a grid
+    # The PLD accountant reports the RDP order when its RDP cap was the smaller bound; that
+    # order is optimised over the reals, not taken from a grid.
+    order = poisson.last_rdp_order if getattr(poisson, "last_from_rdp", False) else None
+    boundary = False
   eps0 = _accountants.make_accountant(accountant).compose(once_per_epoch()).get_epsilon(delta)
   user_eps = user_eps0 = None
   if max_examples_per_user is not None:
@@ -293,7 +290,7 @@ def compute_dp_sgd_privacy(n: int, batch_size: int, noise_multiplier: float, epo
   tuned = None
   if tuning_runs_mean is not None:
     tuned = tuning.tuned_epsilon(run_event, tuning_runs_mean, tuning_shape, delta,
-                                 orders=orders)
+                                 orders=tuning_orders)
   return DpSgdPrivacy(
       epsilon=eps, delta=delta, optimal_order=order, sampling_probability=q, steps=steps,
       noise_multiplier=sigma, effective_noise_multiplier=effective,
@@ -328,9 +325,12 @@ def _define_flags():
   flags.DEFINE_list("orders", None, "Comma-separated RDP orders (each > 1), only with "
                     "--accountant=rdp; default: analysis.rdp_accountant.DEFAULT_ORDERS.",
                     flag_values=values)
-  flags.DEFINE_enum("accountant", None, list(ACCOUNTANTS), "Accountant: rdp (default) or pld.",
+  names = _accountants.accountant_names()
+  flags.DEFINE_enum("accountant", None, list(names),
+                    "Accountant: " + " or ".join(
+                        f"{name} (default)" if name == "rdp" else name for name in names) + ".",
                     flag_values=values)
-  flags.DEFINE_enum("accountant_type", None, ["RDP", "PLD"],
+  flags.DEFINE_enum("accountant_type", None, [name.upper() for name in names],
                     "TF Privacy's spelling of --accountant (RDP or PLD).", flag_values=values)
   flags.DEFINE_boolean(
       "used_microbatching", None,
@@ -393,9 +393,9 @@ def run(argv=None) -> None:
       _fail(f"--noused_microbatching contradicts --microbatch_size={microbatch_size}; give one "
             "of them")
   orders = None
-  if values.orders is not None and accountant == "pld":
-    _fail("--orders applies only to --accountant=rdp (the PLD accountant has no Renyi orders); "
-          "drop --orders or use --accountant=rdp")
+  if values.orders is not None and not _accountants.takes_orders(accountant):
+    _fail(f"--orders applies only to --accountant=rdp (the {accountant.upper()} accountant has "
+          "no Renyi orders); drop --orders or use --accountant=rdp")
   if values.orders is not None:
     try:
       orders = [float(x) for x in values.orders]
@@ -415,7 +415,8 @@ def run(argv=None) -> None:
     sys.stderr.write(f"{_PROG}: warning: {warning}\n")
   how = f"{result.accountant} accountant"
   if result.optimal_order is not None:
-    how += (f", optimal order {result.optimal_order:g}" if result.accountant == "rdp" else
+    how += (f", optimal order {result.optimal_order:g}"
+            if _accountants.takes_orders(result.accountant) else
             f": the RDP bound, optimal order {result.optimal_order:.4g}, is smaller here")
   print(f"epsilon = {_fmt_eps(result.epsilon)} at delta = {result.delta:g} "
         f"(Poisson sampling, {how})")

@@ -614,6 +614,12 @@ class PLDAccountant(_accountant.Accountant):
     analysis.events.UnsupportedEventError: in :meth:`compose`, sampling without replacement.
   """
 
+  #: The most steps this accountant composes (:data:`MAX_STEPS`).
+  max_steps = MAX_STEPS
+
+  #: How this accountant's bound is described in a privacy statement.
+  method = "privacy-loss-distribution (PLD) accounting"
+
   def __init__(self, value_discretization_interval: float = 1e-4, *, rdp_cap: bool = False):
     super().__init__()
     self._h = _check_value_discretization_interval(value_discretization_interval)

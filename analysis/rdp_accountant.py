@@ -1096,6 +1096,10 @@ class RdpAccountant(_accountant.Accountant):
       :data:`DEFAULT_ORDERS`.
   """
 
+  #: How this accountant's bound is described in a privacy statement.
+  method = ("Renyi-DP accounting (Mironov et al. 2019) with the conversion of Balle et al. "
+            "(2020)")
+
   def __init__(self, orders=None):
     super().__init__()
     alphas, _ = check_orders("orders", list(DEFAULT_ORDERS if orders is None else orders),

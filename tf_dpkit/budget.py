@@ -31,7 +31,6 @@ from tf_dpkit import distribute
 #: Samplings a :class:`PrivacyBudget` can observe in ``fit``; the accountant also records
 #: ``"without_replacement"``.
 SAMPLINGS = ("poisson", "shuffle")
-ACCOUNTANTS = _accountants.ACCOUNTANTS
 _CODES = {"poisson": 1.0, "shuffle": 2.0, "without_replacement": 3.0}
 
 
@@ -75,7 +74,7 @@ class PrivacyAccountant:
 
   def __init__(self, delta: float, accountant: str = "rdp"):
     _checks.check_delta("delta", delta)
-    _checks.check_choice("accountant", accountant, ACCOUNTANTS)
+    _checks.check_choice("accountant", accountant, _accountants.accountant_names())
     self.delta = float(delta)
     self.accountant = accountant
     self.phases: list[Phase] = []
