@@ -10,15 +10,18 @@
   against the student.
 * :mod:`tf_dpkit.generative.models`: small MLP and convolutional generator/discriminator
   builders for MNIST.
-* :mod:`tf_dpkit.generative.evaluation`: TSTR accuracy, Frechet distance on MNIST-classifier
-  features, sample grids (evaluation uses real data and is not private).
+* :mod:`tf_dpkit.generative.evaluation`: TSTR for images (accuracy) and tables (AUROC / AUPRC
+  over a fixed set of scikit-learn classifiers), Frechet distance, sample grids (evaluation
+  uses real data and is not private).
 """
 from tf_dpkit.generative.dpgan import (DPGAN, GRADIENT_PENALTY_REFUSED, LOSSES,
                                        check_discriminator_examples_independent, sample)
-from tf_dpkit.generative.evaluation import (clear_feature_cache, frechet_distance,
+from tf_dpkit.generative.evaluation import (TABULAR_CLASSIFIERS, binary_auprc, binary_auroc,
+                                            clear_feature_cache, frechet_distance,
                                             frechet_distance_from_features,
                                             mnist_feature_extractor, save_sample_grid,
-                                            tstr_accuracy, tstr_classifier)
+                                            tabular_classifier, tstr_accuracy, tstr_classifier,
+                                            tstr_tabular)
 from tf_dpkit.generative.models import (conv_discriminator, conv_generator, mlp_discriminator,
                                         mlp_generator)
 from tf_dpkit.generative.pategan import (PATE_AGGREGATORS, PATEGAN, affordable_queries,
@@ -29,6 +32,7 @@ __all__ = [
     "DPGAN", "GRADIENT_PENALTY_REFUSED", "LOSSES", "check_discriminator_examples_independent",
     "sample", "clear_feature_cache", "frechet_distance", "frechet_distance_from_features",
     "mnist_feature_extractor", "save_sample_grid", "tstr_accuracy", "tstr_classifier",
+    "TABULAR_CLASSIFIERS", "binary_auroc", "binary_auprc", "tabular_classifier", "tstr_tabular",
     "mlp_discriminator", "mlp_generator", "conv_discriminator", "conv_generator", "PATEGAN",
     "PATE_AGGREGATORS", "affordable_queries",
     "data_independent_epsilon", "noise_scale_for_budget", "teacher_ensemble_discriminator",

@@ -19,7 +19,13 @@ reported for evaluation only.
   :func:`mnist_feature_extractor`'s CNN ``Conv(32, 3, ReLU) -> MaxPool(2) -> Conv(64, 3, ReLU)
   -> MaxPool(2) -> Flatten -> Dense(128, ReLU) -> Dense(10)``, trained on real MNIST.  Units:
   squared feature units; 0 for identical distributions.
-* :func:`save_sample_grid` -- a PNG of images tiled in a grid (matplotlib).
+* :func:`save_sample_grid` -- a PNG of images tiled in a grid (matplotlib, its own Agg canvas;
+  nothing is configured at import).
+* :func:`tstr_tabular` -- TSTR for tables with a binary label: the scikit-learn classifiers of
+  :data:`TABULAR_CLASSIFIERS` (:func:`tabular_classifier`) are each fitted on the synthetic rows
+  and scored on the real test rows by :func:`binary_auroc` and :func:`binary_auprc`; the means
+  over the classifiers are the figures the PATE-GAN literature reports.  Needs the ``tabular``
+  extra (scikit-learn).
 """
 from __future__ import annotations
 
@@ -260,3 +266,136 @@ def save_sample_grid(images, path, *, columns=10, title=None):
     fig.suptitle(title, fontsize=8)
   fig.savefig(path, dpi=100)
   return path
+
+
+#: The fixed set of TSTR classifiers for tables (:func:`tabular_classifier`).
+TABULAR_CLASSIFIERS = ("logistic_regression", "random_forest", "gradient_boosting", "mlp")
+
+
+def tabular_classifier(name, seed=0):
+  """An unfitted scikit-learn classifier of :data:`TABULAR_CLASSIFIERS` (fixed settings).
+
+  * ``"logistic_regression"``: standardise (fitted on the training rows), then
+    ``LogisticRegression(max_iter=1000)`` (L2, C = 1).
+  * ``"random_forest"``: ``RandomForestClassifier(n_estimators=100, random_state=seed)``.
+  * ``"gradient_boosting"``: ``HistGradientBoostingClassifier(random_state=seed)`` (100
+    boosting iterations of depth-unlimited trees with 31 leaves, learning rate 0.1).
+  * ``"mlp"``: standardise, then ``MLPClassifier(hidden_layer_sizes=(100,), max_iter=300,
+    random_state=seed)`` (Adam, ReLU).
+  """
+  # pylint: disable=g-import-not-at-top
+  try:
+    from sklearn import ensemble, linear_model, neural_network, pipeline, preprocessing
+  except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError("tabular TSTR needs scikit-learn: pip install 'tf_dpkit[tabular]'.") \
+        from error
+  # pylint: enable=g-import-not-at-top
+  name = _checks.check_choice("classifier", name, TABULAR_CLASSIFIERS)
+  seed = _checks.check_integer("seed", seed, minimum=0, maximum=2**32 - 1)
+  scaled = lambda model: pipeline.make_pipeline(preprocessing.StandardScaler(), model)
+  if name == "logistic_regression":
+    return scaled(linear_model.LogisticRegression(max_iter=1000))
+  if name == "random_forest":
+    return ensemble.RandomForestClassifier(n_estimators=100, random_state=seed, n_jobs=1)
+  if name == "gradient_boosting":
+    return ensemble.HistGradientBoostingClassifier(random_state=seed)
+  return scaled(neural_network.MLPClassifier(hidden_layer_sizes=(100,), max_iter=300,
+                                             random_state=seed))
+
+
+def _binary(name, y):
+  y = np.asarray(y)
+  if y.ndim != 1 or not np.isin(y, (0, 1)).all():
+    raise ValueError(f"{name} must be a 1-D array of 0/1 labels, got {y.dtype} {y.shape}.")
+  return y.astype(np.int64)
+
+
+def _scores(name, s, n):
+  s = np.asarray(s, np.float64)
+  if s.shape != (n,) or not np.isfinite(s).all():
+    raise ValueError(f"{name} must be {n} finite scores, got shape {s.shape}.")
+  return s
+
+
+def binary_auroc(y_true, scores) -> float:
+  """Area under the ROC curve: ``P(s_pos > s_neg) + P(s_pos = s_neg) / 2`` over all
+  (positive, negative) pairs, in [0, 1] (the Mann-Whitney statistic, ties counted half).
+
+  Needs at least one positive and one negative label.
+  """
+  y = _binary("y_true", y_true)
+  s = _scores("scores", scores, len(y))
+  pos, neg = int(y.sum()), int(len(y) - y.sum())
+  if pos == 0 or neg == 0:
+    raise ValueError("binary_auroc needs both labels 0 and 1 in y_true.")
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  ranks = stats.rankdata(s)  # average ranks for ties
+  return float((ranks[y == 1].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
+
+
+def binary_auprc(y_true, scores) -> float:
+  """Area under the precision-recall curve as average precision:
+  ``sum_k (R_k - R_{k-1}) P_k`` over the distinct score thresholds from the highest down
+  (``P_k``, ``R_k``: precision and recall of "score >= k-th threshold"; tied scores enter
+  together), in [0, 1]; scikit-learn's ``average_precision_score``.  Needs a positive label.
+  """
+  y = _binary("y_true", y_true)
+  s = _scores("scores", scores, len(y))
+  pos = int(y.sum())
+  if pos == 0:
+    raise ValueError("binary_auprc needs at least one label 1 in y_true.")
+  order = np.argsort(-s, kind="stable")
+  s, y = s[order], y[order]
+  last = np.r_[np.flatnonzero(np.diff(s) != 0), len(s) - 1]  # end of each tie group
+  tp = np.cumsum(y)[last]
+  precision = tp / (last + 1.0)
+  recall = tp / pos
+  return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+
+
+def tstr_tabular(x_synthetic, y_synthetic, x_test, y_test, *,
+                 classifiers=TABULAR_CLASSIFIERS, seed=0) -> dict:
+  """Train on synthetic rows, test on real rows, for a binary label.
+
+  Each classifier of ``classifiers`` (:func:`tabular_classifier`, seeded with ``seed``) is
+  fitted on ``(x_synthetic, y_synthetic)`` and scores the real test rows by its probability
+  of label 1; if the synthetic labels hold one class only, no classifier can be fitted and
+  every score is constant (AUROC 0.5, AUPRC the test prevalence).  The real test data are read
+  once per classifier, for the final scores only.
+
+  Args:
+    x_synthetic: ``[n, d]`` finite features and ``[n]`` 0/1 labels.
+    y_synthetic: see ``x_synthetic`` (described together).
+    x_test: ``[m, d]`` real features and ``[m]`` 0/1 labels (both labels present).
+    y_test: see ``x_test`` (described together).
+    classifiers: names from :data:`TABULAR_CLASSIFIERS`.
+    seed: integer in [0, 2**32).
+
+  Returns:
+    ``{"auroc": {name: value}, "auprc": {name: value}, "auroc_mean": ..., "auprc_mean":
+    ...}`` (means over ``classifiers``), all in [0, 1].
+  """
+  xs, xt = np.asarray(x_synthetic, np.float64), np.asarray(x_test, np.float64)
+  for name, x in (("x_synthetic", xs), ("x_test", xt)):
+    if x.ndim != 2 or x.shape[0] < 1 or not np.isfinite(x).all():
+      raise ValueError(f"{name} must be a non-empty finite [n, d] array, got shape {x.shape}.")
+  if xs.shape[1] != xt.shape[1]:
+    raise ValueError(f"x_synthetic has {xs.shape[1]} features, x_test {xt.shape[1]}.")
+  ys, yt = _binary("y_synthetic", y_synthetic), _binary("y_test", y_test)
+  if len(ys) != len(xs) or len(yt) != len(xt):
+    raise ValueError("y_synthetic / y_test must have one label per row of x_synthetic / x_test.")
+  classifiers = tuple(_checks.check_choice("classifiers", c, TABULAR_CLASSIFIERS)
+                      for c in classifiers)
+  if not classifiers:
+    raise ValueError("classifiers must name at least one of " + ", ".join(TABULAR_CLASSIFIERS))
+  auroc, auprc = {}, {}
+  for name in classifiers:
+    if len(np.unique(ys)) < 2:
+      score = np.full(len(yt), float(ys[0]))
+    else:
+      model = tabular_classifier(name, seed).fit(xs, ys)
+      score = model.predict_proba(xt)[:, list(model.classes_).index(1)]
+    auroc[name], auprc[name] = binary_auroc(yt, score), binary_auprc(yt, score)
+  return {"auroc": auroc, "auprc": auprc,
+          "auroc_mean": float(np.mean(list(auroc.values()))),
+          "auprc_mean": float(np.mean(list(auprc.values())))}
