@@ -4,36 +4,13 @@
     accountant.compose(events.PoissonSampledEvent(q, events.GaussianEvent(sigma)), steps)
     accountant.get_epsilon(1e-5)
 
-Contract of every :class:`Accountant` (RDP, PLD, and the PATE accountant to come):
-
-* ``compose(event, count=1)`` appends ``count`` runs of ``event`` (an :mod:`analysis.events`
-  event) to the ledger and returns the accountant.  An event the accountant cannot analyse is
-  refused with :class:`analysis.events.UnsupportedEventError`, and one whose neighbouring
-  relation does not combine with the ledger's with
-  :class:`analysis.events.IncompatibleEventsError`, both *before* anything is recorded.
-* ``get_epsilon(delta)``: an upper bound (nats, in [0, inf]) on the smallest epsilon such that
-  the composition of everything composed so far is (epsilon, delta)-DP under
-  :attr:`neighboring_relation`; ``delta`` in (0, 1).
-* ``get_delta(epsilon)``: an upper bound, in [0, 1], on the smallest such delta at
-  ``epsilon`` >= 0.
-* :attr:`ledger`: everything composed so far, as one immutable
-  :class:`analysis.events.ComposedEvent`.
-* Tuned releases (:class:`analysis.events.RepeatAndSelectEvent`, flattened to a
-  :class:`analysis.events.RepeatAndSelectAtom`) are analysed only by accountants whose
-  :attr:`Accountant.supports_repeat_and_select` is True (the RDP accountant); the others
-  refuse them in ``compose`` with :class:`analysis.events.UnsupportedEventError`, before
-  anything is recorded.
-
-Pure Gaussian compositions are exact.  When nothing in the ledger is subsampled (plain
-Gaussian releases, Poisson sampling with q = 1, shuffled batches) and nothing is a tuned
-release, the composition is exactly one Gaussian mechanism with noise
-``(sum_i k_i / sigma_i^2)^(-1/2)`` (:func:`pure_gaussian_noise`, :mod:`analysis.gaussian`),
-and every accountant reports its exact epsilon and delta (the analytic Gaussian mechanism,
-Balle & Wang 2018) instead of its own bound.  This rule lives here and nowhere else.
-
-The implementations import this module, never the reverse; their public names (``"rdp"``,
-``"pld"``) become objects in one place, :func:`analysis.accountants.make_accountant`.  No
-TensorFlow import.
+Contract: ``compose`` refuses an event it cannot analyse (``UnsupportedEventError``) or whose
+neighbouring relation does not combine with the ledger's (``IncompatibleEventsError``) before
+recording anything; ``get_epsilon(delta)`` / ``get_delta(epsilon)`` are upper bounds for
+everything composed so far; pure Gaussian compositions are exact (the analytic Gaussian
+mechanism), a rule that lives here and nowhere else.  Implementations import this module, never
+the reverse, and are registered by name in :mod:`analysis.accountants`.  The full contract is in
+docs/design/accountant.md.  No TensorFlow import.
 """
 from __future__ import annotations
 
@@ -46,7 +23,7 @@ __all__ = ["Accountant", "group_privacy_epsilon", "pure_gaussian_noise"]
 
 
 class Accountant(abc.ABC):
-  """Base class: the ledger, validation and the exact pure-Gaussian rule (see module doc)."""
+  """Base class: the ledger, validation and the exact pure-Gaussian rule (design page)."""
 
   #: Whether :meth:`compose` accepts tuned releases (:class:`analysis.events.RepeatAndSelectAtom`).
   supports_repeat_and_select = False

@@ -1,52 +1,13 @@
 """Adaptive clipping (Andrew, Thakkar, McMahan, Ramaswamy, NeurIPS 2021): the noise split and
 the quantile update, as pure maths.
 
-The mechanism of one step at clip norm ``C_t`` (Algorithm 1 of the paper, for DP-SGD):
-
-* every example (microbatch) ``i`` of the batch contributes its clipped gradient
-  ``clip(g_i) = g_i min(1, C_t / ||g_i||)`` and its recentred bit ``b_i - 1/2`` with
-  ``b_i = 1[||g_i|| <= C_t]`` (1 when the example is not clipped); an example whose gradient
-  is exactly zero (a weight-0 placeholder of an empty Poisson draw, a zeroed non-finite
-  example) contributes 0 to both, as an absent one does;
-* released: the noisy sum ``S~ = sum_i clip(g_i) + N(0, (z_Delta C_t)^2 I)`` and the noisy
-  count ``B~ = sum_i (b_i - 1/2) + N(0, sigma_b^2)``;
-* post-processing: ``b~ = B~ / n + 1/2`` with ``n`` the *expected* batch size (or the fixed
-  number of microbatches): data-independent, so dividing by it costs nothing; ``b~`` is then
-  clamped to [0, 1] (post-processing; it bounds the update factor to ``exp(+-eta_C)``), and
-  ``C_{t+1} = C_t exp(-eta_C (b~ - gamma))`` (:func:`geometric_update`).  When more than the
-  target fraction ``gamma`` of examples is unclipped, the clip norm shrinks, and vice versa: the
-  fixed point is the gamma-quantile of the norms.
-
-The noise split (Theorem 1 of the paper).  Whiten the released pair: divide the sum by its
-noise std ``z_Delta C_t`` and the count by ``sigma_b``.  The pair is then one Gaussian
-mechanism with identity covariance on the concatenated vector, whose L2 sensitivity is
-
-    sqrt( (C_t / (z_Delta C_t))^2 + ((1/2) / sigma_b)^2 ) = sqrt(z_Delta^-2 + (2 sigma_b)^-2)
-
-because adding or removing one example moves the sum by at most ``C_t`` (clipping) and the
-recentred count by at most ``1/2`` (its bit is ``+1/2``, ``-1/2`` or, zero gradient, 0), *at the same time*, so the
-two displacements add in squares.  A Gaussian mechanism with identity noise and sensitivity
-``1/z`` is the Gaussian mechanism with noise multiplier ``z`` (its privacy depends only on the
-ratio of sensitivity to noise, in every direction by rotational invariance), hence
-
-    z^-2 = z_Delta^-2 + (2 sigma_b)^-2,   i.e.   z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2),
-
-(:func:`sum_noise_multiplier`), defined when ``sigma_b > z / 2``.  So the step IS the Gaussian
-event of noise multiplier ``z`` that ``analysis.dp_sgd.dp_sgd_event`` builds for fixed clipping,
-with the same sampling (the Poisson-subsampled mixture is a function of the whitened
-displacement only), and every accountant reports the same epsilon for the same ``z``: the
-accounting is unchanged.  ``C_t`` depends only on earlier *noisy* releases (post-processing), so
-the steps compose adaptively exactly like fixed-clip DP-SGD steps.
-
-Without the recentring (bits ``b_i`` in {0, 1}) an added unclipped example would move the
-count by 1 (not 1/2) and the split would need ``sigma_b`` twice as large; the recentring is
-what makes the count's add/remove sensitivity 1/2.  Under the other relations of
-``analysis.dp_sgd`` the argument scales: replacing one example (sampling without replacement),
-or one example changing a microbatch of several, moves the sum by up to ``2 C_t`` and flips the
-microbatch's bit (count moves by up to 1): both displacements double, the whitened sensitivity
-is ``2 / z``, which is the ``z / 2`` that ``dp_sgd_event`` already uses there.
-
-No TensorFlow import.
+Each step releases the noisy clipped sum (noise multiplier ``z_Delta``) and the noisy
+recentred count of unclipped examples (std ``sigma_b``); together they are the Gaussian
+mechanism with noise multiplier ``z``, ``z^-2 = z_Delta^-2 + (2 sigma_b)^-2``
+(:func:`sum_noise_multiplier`), so the accounting is that of fixed-clip DP-SGD at ``z``.  The
+clip norm follows ``C_{t+1} = C_t exp(-eta_C (b~ - gamma))`` (:func:`geometric_update`), a
+post-processing of earlier noisy releases.  Derivation: docs/design/adaptive_clipping.md.  No
+TensorFlow import.
 """
 from __future__ import annotations
 
@@ -74,8 +35,8 @@ def sum_noise_multiplier(noise_multiplier: float, count_noise_stddev: float, *,
 
   With it, the clipped sum (sensitivity ``C_t``, noise std ``z_Delta C_t``) and the recentred
   unclipped count (sensitivity 1/2, noise std ``sigma_b``) released together are exactly the
-  Gaussian mechanism with noise multiplier ``z`` (module docstring), so the accountant of
-  fixed-clip DP-SGD with ``noise_multiplier=z`` applies unchanged.
+  Gaussian mechanism with noise multiplier ``z`` (docs/design/adaptive_clipping.md), so the
+  accountant of fixed-clip DP-SGD with ``noise_multiplier=z`` applies unchanged.
 
   Args:
     noise_multiplier: ``z``, the noise multiplier the user asks for (and the accountant uses),

@@ -26,13 +26,11 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-import numpy as np
-
 from analysis import accountants as _accountants
 from analysis import dp_sgd, events, rdp_accountant
 from analysis._checks import (MAX_STEPS, _describe, check_choice, check_count, check_delta,
-                              check_finite_positive, check_orders, check_positive,
-                              check_probability, check_real, check_steps)
+                              check_finite_positive, check_positive, check_probability,
+                              check_real)
 from analysis._numerics import SEARCH_MAX_NOISE, SEARCH_MIN_NOISE
 
 __all__ = ["calibrate", "compute_noise_multiplier",
@@ -206,7 +204,7 @@ def compute_noise_multiplier(target_epsilon: float, target_delta: float,
   Poisson sampling with probability q, add-or-remove-one adjacency.  Returns sigma (noise
   std / clipping norm) with eps(sigma) <= ``target_epsilon`` at ``target_delta`` according to
   the accountant, and sigma <= (1 + tolerance) * sigma_min, where sigma_min is the exact
-  smallest such value for that accountant (bracketed root search, see module docstring).
+  smallest such value for that accountant (bracketed root search, :func:`calibrate`).
 
   Args:
     target_epsilon: eps budget in nats, > 0 (inf allowed: returns 0 unless steps/q are 0).

@@ -2,40 +2,12 @@
 
 Every epsilon the toolkit reports for DP-SGD (the command line, noise calibration,
 ``tf_dpkit``'s budget callback and training configuration) is the epsilon of
-:func:`dp_sgd_event`'s event, composed by an :mod:`analysis.accountant`.  The rules:
-
-* **Sensitivity.**  Each step releases ``sum of clipped per-example (or per-microbatch)
-  gradients + N(0, (sigma C)^2 I)``, with clipping norm ``C`` and noise multiplier ``sigma``.
-  Under add-or-remove-one (and zero-out) adjacency, per-example clipping changes the sum by at
-  most ``C``: a Gaussian event with noise multiplier ``sigma``.  With microbatches of
-  ``m > 1`` examples, the example's microbatch sum goes from ``clip(g_S)`` to
-  ``clip(g_S + g)``, up to ``2C`` apart: noise multiplier ``sigma / 2``.  Under replace-one
-  adjacency (sampling without replacement) one clipped gradient is replaced by another, up to
-  ``2C`` apart, per example or per microbatch: ``sigma / 2``.
-* **Sampling.**
-
-  - ``"poisson"``: every example joins each batch independently with probability ``q``
-    (``tf_dpkit.data.poisson_batches``; the optimizer normalises by the expected batch size
-    ``qN``): ``PoissonSampledEvent(q, Gaussian)`` composed ``steps`` times.
-  - ``"shuffle"``: every epoch a random permutation cut into ``steps_per_epoch`` batches
-    (Keras ``fit`` on arrays, ``tf_dpkit.data.shuffled_batches``): each example is in one
-    batch per epoch and no amplification is claimed:
-    ``ShuffledEvent(Gaussian, steps, steps_per_epoch)``, i.e. the Gaussian composed once per
-    epoch started, under zero-out adjacency.
-  - ``"without_replacement"``: every step a uniformly random batch of exactly ``batch_size``
-    of the ``dataset_size`` examples, independently across steps:
-    ``SampledWithoutReplacementEvent(N, b, Gaussian(sigma / 2))`` composed ``steps`` times,
-    under replace-one adjacency.
-
-* **Steps are releases.**  ``steps`` counts noised releases.  With virtual batches
-  (gradient accumulation over ``k`` micro-batches, ``tf_dpkit.optimizers.accumulation``) one
-  step is one LOGICAL batch, noised once: its ``sampling_probability`` / ``batch_size`` /
-  ``steps_per_epoch`` are the logical batch's, and micro-batches are never counted.  This is
-  sound only when the ``k`` micro-batches are disjoint parts of one batch of the stated
-  sampling (one Poisson sample split into chunks; consecutive parts of one epoch's
-  permutation), so that one example moves the released sum by at most one sensitivity.
-
-No TensorFlow import.
+:func:`dp_sgd_event`'s event, composed by an :mod:`analysis.accountant`.  Per-example clipping
+at norm ``C`` gives the Gaussian with noise multiplier ``sigma`` (add-or-remove-one); microbatches
+of more than one example, or replace-one adjacency, give ``sigma / 2``.  ``"poisson"``,
+``"shuffle"`` and ``"without_replacement"`` sampling map to the Poisson-sampled, shuffled and
+without-replacement events; a step is one noised release (one logical batch).  The rules and
+why they hold: docs/design/dp_sgd.md.  No TensorFlow import.
 """
 from __future__ import annotations
 
@@ -43,13 +15,13 @@ from analysis import _checks, events
 
 __all__ = ["SAMPLINGS", "dp_sgd_event", "effective_noise_multiplier"]
 
-#: The batch samplings :func:`dp_sgd_event` knows (see the module docstring).
+#: The batch samplings :func:`dp_sgd_event` knows (docs/design/dp_sgd.md).
 SAMPLINGS = ("poisson", "shuffle", "without_replacement")
 
 
 def effective_noise_multiplier(noise_multiplier: float, *, sampling: str = "poisson",
                                microbatch_size: int = 1) -> float:
-  """Noise std over the sensitivity of one step's clipped sum (see the module docstring).
+  """Noise std over the sensitivity of one step's clipped sum (docs/design/dp_sgd.md).
 
   ``noise_multiplier`` (sigma, noise std / clipping norm) in [0, inf]; returns sigma, or
   sigma / 2 when ``microbatch_size > 1`` or ``sampling == "without_replacement"``.
@@ -66,7 +38,7 @@ def dp_sgd_event(noise_multiplier: float, steps: int, *, sampling: str = "poisso
                  sampling_probability: float | None = None, dataset_size: int | None = None,
                  batch_size: int | None = None, steps_per_epoch: int | None = None,
                  microbatch_size: int = 1, examples_per_user: int = 1) -> events.DpEvent:
-  """The event of ``steps`` DP-SGD steps with one configuration (see the module docstring).
+  """The event of ``steps`` DP-SGD steps with one configuration (docs/design/dp_sgd.md).
 
   Args:
     noise_multiplier: sigma = noise std / clipping norm, in [0, inf].

@@ -1,67 +1,14 @@
 """Immutable descriptions of private mechanisms ("events"), the input of every accountant.
 
-An event says what was released, not how to account it.  Accountants
-(:mod:`analysis.accountant`) turn a composition of events into (epsilon, delta).
-
-Events
-------
-* :class:`GaussianEvent` ``(noise_multiplier)``: one release of a query with L2 sensitivity
-  ``S`` plus ``N(0, (noise_multiplier * S)^2 I)``.  ``noise_multiplier`` is the noise standard
-  deviation in units of the sensitivity *under the neighbouring relation in force* (see below).
-* :class:`PoissonSampledEvent` ``(sampling_probability, event)``: ``event`` run on a Poisson
-  sample of the data (every example joins independently with probability ``q``).
-* :class:`SampledWithoutReplacementEvent` ``(source_size, sample_size, event)``: ``event`` run
-  on a uniformly random subset of exactly ``sample_size`` of the ``source_size`` examples.
-* :class:`ShuffledEvent` ``(event, steps, steps_per_epoch)``: ``steps`` runs of ``event``, each
-  on one batch of shuffle-and-batch (every epoch a random permutation is cut into
-  ``steps_per_epoch`` disjoint batches).  Each example is in at most one batch per epoch and no
-  amplification by sampling is claimed: its privacy is that of ``event`` composed
-  ``ceil(steps / steps_per_epoch)`` times (every epoch started counts in full).
-* :class:`SelfComposedEvent` ``(event, count)``: ``event`` run ``count`` times, independently.
-* :class:`ComposedEvent` ``(events)``: each of ``events`` run once, in order (adaptively).
-* :class:`LaplaceEvent` ``(noise_multiplier)``: one release of a query with L1 sensitivity
-  ``S`` plus independent Laplace noise of scale ``noise_multiplier * S`` on each coordinate
-  (dp_accounting's ``LaplaceDpEvent``; pure ``1 / noise_multiplier``-DP).  Only the PATE
-  accountant (:class:`analysis.pate.PateAccountant`) analyses it; :func:`flatten` refuses it
-  (:class:`UnsupportedEventError`), so the RDP and PLD accountants refuse it before recording.
-* :class:`RepeatAndSelectEvent` ``(event, mean, shape)``: private hyper-parameter tuning
-  (Papernot & Steinke 2022, "Hyperparameter Tuning with Renyi Differential Privacy", arXiv
-  2110.03620; dp_accounting's ``RepeatAndSelectDpEvent``): ``event`` run K times
-  independently, K random with mean ``mean`` and distribution given by ``shape``; only the
-  best run's output (and its score) is released.  Not a composition: :func:`flatten` keeps it
-  as one :class:`RepeatAndSelectAtom`, which only the RDP accountant analyses (the others
-  refuse it with :class:`UnsupportedEventError`).  A FIXED number k of runs, all or only the
-  best released, is ``SelfComposedEvent(event, k)`` (k-fold composition; releasing only the
-  best is a post-processing of releasing all).
-
-All fields are validated on construction (``ValueError`` naming the field and its range) and
-events are frozen, hashable and comparable.  :func:`flatten` reduces any event to its
-:class:`Atom` list (plus one :class:`RepeatAndSelectAtom` per tuned release), the one place
-that says what a composition is made of.
-
-Neighbouring relations
-----------------------
-The guarantee of an event depends on which pairs of data sets count as neighbours; each event
-kind holds under one relation, reported by :func:`neighboring_relation`:
-
-* ``"add_or_remove_one"``: one data set is the other plus one example.  Gaussian and Poisson
-  sampled events (for DP-SGD the clipped sum changes by at most the clipping norm ``C``).
-  For mechanisms on clipped sums it is equivalent to ``"zero_out"`` (replacing an example by
-  one that contributes zero gives the same output distribution as removing it), so these
-  events also hold under ``"zero_out"``.
-* ``"zero_out"``: one example replaced by a null example that contributes nothing (Kairouz et
-  al. 2021).  Shuffled batches: replacing an example changes exactly one batch per epoch,
-  whereas adding one would shift the batches of the others.
-* ``"replace_one"``: one example replaced by another (data sets of equal size).  Sampling
-  without replacement.  For DP-SGD the clipped sum then changes by up to ``2C``, so its
-  ``noise_multiplier`` is half the optimizer's (:func:`analysis.dp_sgd.dp_sgd_event` applies
-  this).
-
-A composition holds under the one relation all its parts share: ``"add_or_remove_one"`` with
-``"zero_out"`` gives ``"zero_out"``; ``"replace_one"`` does not mix with either (an
-:class:`IncompatibleEventsError`).
-
-No TensorFlow import.
+An event says what was released, not how to account it: :class:`GaussianEvent`,
+:class:`LaplaceEvent`, :class:`PoissonSampledEvent`, :class:`SampledWithoutReplacementEvent`,
+:class:`ShuffledEvent`, :class:`SelfComposedEvent`, :class:`ComposedEvent` and
+:class:`RepeatAndSelectEvent` (tuning).  Fields are validated on construction (``ValueError``
+naming the field and its range); events are frozen, hashable and comparable.  :func:`flatten`
+reduces any event to its :class:`Atom` list, the one place that says what a composition is made
+of, and :func:`neighboring_relation` the relation under which it holds
+(``"add_or_remove_one"``, ``"zero_out"``, ``"replace_one"``).  Each event's meaning and the
+relations: docs/design/events.md.  No TensorFlow import.
 """
 from __future__ import annotations
 
@@ -404,7 +351,7 @@ def _sampled_gaussian(event, kind: str) -> float:
 
 
 def neighboring_relation(event: DpEvent) -> str:
-  """The neighbouring relation under which every part of ``event`` holds (see module doc).
+  """The neighbouring relation under which every part of ``event`` holds (docs/design/events.md).
 
   Returns ``"add_or_remove_one"`` (nothing released also gives this), ``"zero_out"`` or
   ``"replace_one"``.

@@ -1,112 +1,16 @@
 """Privacy-loss-distribution (PLD) accounting for DP-SGD by FFT composition.
 
-Mechanism
----------
-One DP-SGD step with sampling probability ``q`` in [0, 1] and noise multiplier ``sigma`` >= 0
-(noise standard deviation in units of the L2 clipping norm, i.e. sensitivity 1) is the
-Poisson-subsampled Gaussian mechanism.  Under add-or-remove-one adjacency its privacy curve is
-bounded, tightly, by one of two pairs of one-dimensional distributions on the real line:
-
-  remove:  P = (1 - q) N(0, sigma^2) + q N(1, sigma^2),   Q = N(0, sigma^2)
-  add:     P = N(0, sigma^2),   Q = (1 - q) N(0, sigma^2) + q N(1, sigma^2)
-
-For a pair (P, Q) the privacy loss is ``L = log(dP/dQ)(X)`` with ``X ~ P`` (``L = +inf`` where
-Q has no density), and the hockey-stick divergence (the smallest delta for a given epsilon) is
-
-  delta(eps) = P(L = inf) + E_P[(1 - exp(eps - L))_+].                               (1)
-
-Composing mechanisms adds independent privacy losses, so the PLD of ``T`` steps is the
-``T``-fold convolution of the one-step PLD.  A run of DP-SGD is (eps, delta)-DP with respect to
-add-or-remove-one neighbours iff both the composed "remove" and the composed "add" curves are
-below delta at eps, so every public function here composes the two directions separately and
-reports the worse one (the larger epsilon, the larger delta), as dp_accounting does.
-
-Discretisation (pessimistic, "connect the dots")
-------------------------------------------------
-Losses are put on the grid ``t_i = i * h`` with ``h = value_discretization_interval`` (nats).
-The mass of P on each loss interval (t_i, t_{i+1}] is split between its two end points so that
-the Q-mass, ``E_P[exp(-L)]``, is preserved:  a loss ``y`` goes to ``t_i`` with weight
-``(e^-y - e^-t_{i+1}) / (e^-t_i - e^-t_{i+1})`` and to ``t_{i+1}`` with the rest.  Since
-``(1 - e^eps z)_+`` is convex in ``z = e^-L``, Jensen's inequality makes the discrete curve (1)
-pointwise >= the true one, equal to it at grid points and linear in ``e^eps`` between them
-(Doroshenko, Ghazi, Kamath, Kumar & Manurangsi 2022); the same convexity argument applied
-coordinate-wise shows that the composition of the discrete PLDs bounds the composition of the
-true ones.  Unlike plain rounding up (Meiser & Mohammadi 2018; Koskela, Jalko & Honkela 2020),
-this does not accumulate a bias of up to ``T * h`` in the composed loss: with ``h = 1e-4`` the
-excess over the exact curve measured in the tests is ~1e-9 to 1e-6 relative in delta.
-
-Truncation and wrap-around, all pessimistic:
-  * the upper tail of the one-step loss beyond the grid goes to ``+inf`` (counts fully in delta);
-    the lower tail is moved up to the first grid point (can only increase (1));
-  * the composed loss is computed on a cyclic grid of ``N`` points by one real FFT, raised to the
-    power ``T`` (``rfft -> **T -> irfft``).  The window ``[b, a]`` it represents is chosen from
-    Chernoff bounds ``P(S >= a) <= exp(T K(lam) - lam a)``, ``K`` an upper bound (pmf summed in
-    blocks placed at their worst end) on the log-moment generating function of the discrete
-    one-step PLD.  Mass above ``a`` would alias to smaller losses,
-    so its Chernoff bound is added to delta; mass below ``b`` aliases to larger losses, which only
-    increases (1).  The total mass so added to delta (truncation + aliasing) is at most
-    ``0.75 * _TAIL_MASS = 7.5e-19``.
-
-Numerics: float64 throughout.  The FFT leaves round-off of ~1e-17 of the largest value in every
-bin, some of it negative (clipped to 0), which would swamp deltas below ~1e-9.  Queries are
-therefore answered from a second composition exponentially tilted by e^{lam t}, with lam the
-Chernoff-optimal exponent at the queried epsilon (convolution commutes with tilting), so the
-round-off becomes relative to the mass near the query; its own wrap-around is bounded and added
-to delta as above.  Checked against the closed-form Gaussian curve down to delta = 1e-12; below
-~1e-15 the added truncation mass (<= 1e-18) and round-off (see "Round-off" below) dominate.  If
-the grid would need more than ``_MAX_GRID_SIZE`` points (tiny noise or very many steps) the
-interval ``h`` is enlarged until it fits; the result is then still an upper bound, only less
-tight.
-
-Range of validity against RDP, and the RDP cap
-----------------------------------------------
-The grid is tight (excess second order in h) only while h is small against the spread of the
-one-step privacy loss, about ``s = q sqrt(exp(1 / sigma^2) - 1)`` nats (its standard deviation
-under Q for small q; ~ q / sigma for sigma >= 2).  The composed grid holds at most 2**22 points
-and its Chernoff window widens linearly with the number of steps ``T`` (the bound K places
-blocks of ~n / 4096 grid points at their worst end, so ``T K`` overshoots by up to ``T`` block
-widths), so beyond some millions of steps h is enlarged roughly in proportion to ``T``
-(:attr:`PLDAccountant.value_discretization_interval_used`) and the bound loosens until the RDP
-bound is the smaller one.  In every setting measured (q from 1e-3 to 1, sigma from 1 to 100,
-up to 1e9 steps, delta = 1e-5) PLD was tighter wherever the h used was at most s / 2, and RDP
-wherever it was at least s.  With q = 256 / 60000, sigma = 1.1 and delta = 1e-5 (MNIST, batch
-256; s = 0.0046), against RDP with the order optimised over the reals: PLD 2.382 against 2.597
-at 60 epochs (h = 1e-4), 158.5 against 159.6 at 35,000 epochs (8,203,125 steps, h = 0.0023),
-but 178.1 against 177.7 at 40,000 epochs (h = 0.0027), 218.5 against 213.2 at 50,000 and
-23,722 against 3,073 at 1,000,000 epochs (h = 0.065; RDP over DEFAULT_ORDERS, which
-``--accountant=rdp`` reports, gives 3,451 there).  Both are valid
-upper bounds, so :func:`compute_epsilon_with_rdp_cap` returns the smaller of the PLD epsilon
-and the RDP epsilon; that is the number the command line, ``analysis.calibration`` and
-``tf_dpkit.budget`` use for the accountant "pld".  :func:`compute_epsilon`,
-:func:`compute_epsilon_heterogeneous` and :class:`PLDAccountant` return the PLD bound alone.
-
-Supported ranges
-----------------
-* ``noise_multiplier`` in [0, inf].  Inside [1e-3, 1e12] the mechanism is discretised as
-  described above.  Outside it float64 cannot represent the one-step losses (of order
-  1 / (2 sigma^2) for tiny sigma; of order q / sigma, below the round-off of log1p, for huge
-  sigma), so a noise multiplier in (0, 1e-3) is accounted as 0 and one in (1e12, inf) as 1e12.
-  Both are sound: the Gaussian mechanism with the larger noise is a post-processing (adding
-  independent Gaussian noise) of the one with the smaller noise, so its privacy curve is
-  pointwise below.  For sigma < 1e-3 the result is therefore inf unless
-  1 - (1 - q)^steps <= delta (the exact epsilon would be of order 1 / (2 sigma^2) > 5e5 nats,
-  vacuous anyway); for sigma > 1e12 it is the (small) bound at sigma = 1e12.
-* ``steps`` an integer in [0, 1e10] (:data:`MAX_STEPS`), per phase and in total for an
-  accountant; 10**8 steps take well under a second.  Beyond 1e10 the composed grid can no
-  longer be sized reliably and a ValueError naming ``steps`` is raised.  Over many steps the
-  bound is tight only if h is below the one-step loss scale (~ q / sigma nats): e.g. q = 1,
-  sigma = 1e5, 1e10 steps (exact epsilon 4.38 at delta 1e-5) gives 15.4 with h = 1e-4 and
-  4.47 with h = 1e-6; always a valid upper bound.
-* ``value_discretization_interval`` h in (0, 1] nats (:data:`MAX_VALUE_DISCRETIZATION_INTERVAL`).
-  Any h is sound, but the bound is pessimistic by up to about h per unit of loss, so a grid
-  coarser than 1 nat gives vacuous answers (at h ~ 1e300 the grid itself overflows) and is
-  rejected.  Tiny h is accepted and enlarged as needed (see above).
-* Round-off: delta is an upper bound up to an absolute float64 round-off of ~1e-16 (differences
-  of up to 4e-17 below the exact one-step curve were measured), so deltas below ~1e-15 are not
-  resolved.  The one-step masses' float64 sum (off by ~1e-16) is not allowed to compound over
-  the steps: the composition is rescaled to the exact total mass (see _fft_compose).
-
-No TensorFlow import; numpy and scipy only.
+One step is the Poisson-subsampled Gaussian; its "remove" and "add" privacy-loss
+distributions are discretised pessimistically ("connect the dots") on a grid of
+``value_discretization_interval`` nats, composed by one real FFT per direction, and every
+truncation, wrap-around and round-off is bounded and added to delta, so ``delta(eps)`` (and the
+epsilon searched from it) is an upper bound.  Supported: ``noise_multiplier`` in [0, inf]
+(discretised inside [1e-3, 1e12], soundly clamped outside), ``steps`` in [0, 1e10]
+(:data:`MAX_STEPS`), ``value_discretization_interval`` in (0, 1].  Where the grid must be
+coarsened (very many steps) the bound loosens; :func:`compute_epsilon_with_rdp_cap` (the
+``"pld"`` accountant name) returns the smaller of the PLD and the RDP bound.  The method, its
+error bounds and measured ranges: docs/design/pld_accountant.md.  No TensorFlow import; numpy
+and scipy only.
 """
 from __future__ import annotations
 
@@ -138,7 +42,7 @@ __all__ = [
     "compute_epsilon_with_rdp_cap",
 ]
 
-# Total probability mass that truncation / wrap-around may add to delta (see module docstring).
+# Total probability mass that truncation / wrap-around may add to delta (design page).
 _TAIL_MASS = 1e-18
 # Largest number of grid points for the one-step PLD and for the composed (cyclic) grid.
 _MAX_GRID_SIZE = 1 << 22
@@ -150,7 +54,7 @@ _ADD = "add"
 
 #: Largest number of steps (per phase and in total) that the PLD accountant accepts.
 MAX_STEPS = 10**10
-#: Noise multipliers in (0, MIN_NOISE_MULTIPLIER) are accounted as 0 (sound, see module doc).
+#: Noise multipliers in (0, MIN_NOISE_MULTIPLIER) are accounted as 0 (sound, design page).
 MIN_NOISE_MULTIPLIER = _numerics.PLD_NOISE_FLOOR
 #: Noise multipliers in (MAX_NOISE_MULTIPLIER, inf) are accounted as MAX_NOISE_MULTIPLIER.
 MAX_NOISE_MULTIPLIER = _numerics.PLD_NOISE_CEILING
@@ -598,7 +502,7 @@ class PLDAccountant(_accountant.Accountant):
   except sampling without replacement (use the RDP accountant for those).  Atoms with the same
   (q, sigma) are merged (composition commutes).  The composed PLDs are built lazily on the
   first query and cached until the next ``compose``.  Noise multipliers below 1e-3 are
-  accounted as 0 and above 1e12 as 1e12 (sound; see the module docstring).  At most 1e10
+  accounted as 0 and above 1e12 as 1e12 (sound; docs/design/pld_accountant.md).  At most 1e10
   steps in total.
 
   Args:
@@ -745,7 +649,7 @@ def compute_epsilon(sampling_probability: float, noise_multiplier: float, steps:
   Args:
     sampling_probability: Poisson sampling probability q in [0, 1] (batch size / dataset size).
     noise_multiplier: noise std over the clipping norm, in [0, inf]; values below 1e-3 are
-      accounted as 0 and values above 1e12 as 1e12 (sound upper bounds, see module docstring).
+      accounted as 0 and values above 1e12 as 1e12 (sound upper bounds; design page).
     steps: number of steps, integer in [0, 1e10].
     delta: target delta in (0, 1).
     value_discretization_interval: loss grid spacing h (nats), in (0, 1].
@@ -784,8 +688,9 @@ def compute_epsilon_heterogeneous(sampling_probabilities: Sequence[float],
 
   Phase i runs ``steps_list[i]`` steps with ``sampling_probabilities[i]`` and
   ``noise_multipliers[i]`` (ranges as in :func:`compute_epsilon`; at most 1e10 steps in
-  total); all three sequences must have the same length (0 allowed, giving 0).  Each phase's one-step PLD is raised to its step count in the Fourier domain and the
-  phases are multiplied there, all on one common grid; add and remove directions are composed
+  total); all three sequences must have the same length (0 allowed, giving 0).  Each phase's
+  one-step PLD is raised to its step count in the Fourier domain and the phases are multiplied
+  there, all on one common grid; add and remove directions are composed
   separately and the larger epsilon is returned.  An upper bound, like compute_epsilon.
   """
   lengths = check_same_length(sampling_probabilities=sampling_probabilities,
@@ -862,8 +767,8 @@ def compute_epsilon_with_rdp_cap(sampling_probabilities: Sequence[float],
   remove-one adjacency, at most 1e10 steps in total, delta in (0, 1)).  Both bounds are valid
   upper bounds on the same epsilon, so their minimum is one too.  PLD is the tighter one while
   the grid spacing actually used stays below about half the one-step loss spread (see "Range of
-  validity against RDP" in the module docstring: e.g. up to ~35,000 epochs of MNIST, batch 256
-  and sigma 1.1); past that the RDP bound takes over.  The RDP bound is
+  validity against RDP" in docs/design/pld_accountant.md: e.g. up to ~35,000 epochs of
+  MNIST, batch 256 and sigma 1.1); past that the RDP bound takes over.  The RDP bound is
   ``rdp_accountant.get_privacy_spent_optimal_order`` (order optimised over the reals) for a
   single (q, sigma) phase, else the summed RDP of the phases over
   ``rdp_accountant.DEFAULT_ORDERS``.

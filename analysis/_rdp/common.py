@@ -19,7 +19,7 @@ _EPS = np.finfo(np.float64).eps
 _TINY = math.ulp(0.0)  # a positive RDP that underflows is reported as this, not 0
 
 #: Largest finite order accepted by the functions that compute RDP (the integer-order sums and
-#: the fractional-order series allocate O(alpha) terms: 1e6 takes about a second).
+#: the fractional-order series allocate O(alpha) terms, so the cost grows linearly with it).
 MAX_ORDER = 1e6
 
 
