@@ -5,7 +5,8 @@ Modules:
                           sampled without replacement, shuffled, composed), the accountants' input.
   accountant              The accountant interface (compose / get_epsilon / get_delta); pure
                           Gaussian compositions are exact.
-  accountants             make_accountant("rdp" | "pld"): the accountants by public name.
+  accountants             The registry of accountants by public name ("rdp", "pld"; register_accountant,
+                          make_accountant).
   dp_sgd                  The one rule from a DP-SGD configuration to its event.
   rdp_accountant          Renyi-DP of the (sub)sampled Gaussian mechanism and conversion to (eps, delta).
   pld_accountant          Privacy-loss-distribution (FFT) accounting; tighter than RDP unless
@@ -13,7 +14,8 @@ Modules:
                           reports min(PLD, RDP).
   gaussian                Exact (eps, delta) of the Gaussian mechanism and of its compositions
                           without sampling (analytic Gaussian mechanism, Balle & Wang 2018).
-  calibration             Noise multiplier for a target (eps, delta).
+  calibration             calibrate(): the parameter (noise multiplier, or a count) that just meets
+                          a target (eps, delta).
   compute_dp_sgd_privacy  Library function and command-line tool for a DP-SGD run.
   tuning                  The privacy cost of hyper-parameter tuning (best of a random number
                           of runs, Papernot & Steinke 2022).
