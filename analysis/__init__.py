@@ -5,8 +5,8 @@ Modules:
                           sampled without replacement, shuffled, composed), the accountants' input.
   accountant              The accountant interface (compose / get_epsilon / get_delta); pure
                           Gaussian compositions are exact.
-  accountants             The registry of accountants by public name ("rdp", "pld"; register_accountant,
-                          make_accountant).
+  accountants             The registry of accountants by public name ("rdp", "pld";
+                          register_accountant, make_accountant).
   dp_sgd                  The one rule from a DP-SGD configuration to its event.
   rdp_accountant          Renyi-DP of the (sub)sampled Gaussian mechanism and conversion to (eps, delta).
   pld_accountant          Privacy-loss-distribution (FFT) accounting; tighter than RDP unless
