@@ -65,7 +65,7 @@ def suggest_confident_gnmax(num_teachers: int, num_queries: int, epsilon: float,
   sigma2 = 40) scaled with the ensemble: T = 0.8 num_teachers (a fixed fraction of the votes,
   so a query is answered when about 80% of the teachers agree) and sigma1 = 3.75 sigma2.  The
   noise level is then calibrated: sigma2 is the smallest value (to a relative 1e-4, by
-  :func:`analysis.calibration.noise_multiplier_for_event` and checked with
+  :func:`analysis.calibration.calibrate` and checked with
   :class:`PateAccountant`) for which ``num_queries`` threshold checks (Gaussian, sensitivity 1,
   RDP lambda / (2 sigma1^2) each) and ``num_queries`` GNMax answers (RDP lambda / sigma2^2
   each) compose to at most ``epsilon`` at ``delta``:
@@ -99,8 +99,8 @@ def suggest_confident_gnmax(num_teachers: int, num_queries: int, epsilon: float,
   target = _checks.check_finite_positive("epsilon", epsilon)
   delta = _checks.check_delta("delta", delta)
   try:
-    sigma2 = calibration.noise_multiplier_for_event(
-        lambda s: _queries_event(s, num_queries), target, delta)
+    sigma2 = calibration.calibrate(lambda s: _queries_event(s, num_queries), target, delta,
+                                   name="sigma2")
   except ValueError as error:
     raise ValueError(f"epsilon={target!r} at delta={delta!r} cannot be met for "
                      f"num_queries={num_queries} even with sigma2 = 1e4: raise epsilon or ask "
