@@ -12,6 +12,8 @@ One definition of each helper, so that every accountant rounds the same way:
   against mpmath from 1e-300 to 1e300.
 * :func:`logsumexp` of a 1-D array (cheaper than scipy's for the short arrays used here).
 * :func:`finish`: a list of per-order values as a float (scalar input) or a float64 array.
+* :func:`minimize_over_order`: the real Renyi order minimising a bound, searched in
+  ``log(alpha - 1)``.
 * :func:`clamp_noise`: the noise multiplier an accountant actually evaluates.  Clamping a
   positive noise multiplier below the floor down to 0 and one above the ceiling down to the
   ceiling is sound: the Gaussian mechanism with more noise is a post-processing (adding
@@ -31,10 +33,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy import optimize
 
 __all__ = ["LOG_EXPM1_SWITCH", "PLD_NOISE_CEILING", "PLD_NOISE_FLOOR", "RDP_NOISE_CEILING",
            "RDP_NOISE_FLOOR", "SEARCH_MAX_NOISE", "SEARCH_MIN_NOISE", "clamp_noise", "finish",
-           "log1mexp", "log_expm1", "logsumexp"]
+           "log1mexp", "log_expm1", "logsumexp", "minimize_over_order"]
 
 #: The one switch-over point of :func:`log1mexp` and :func:`log_expm1` (module docstring).
 LOG_EXPM1_SWITCH = math.log(2.0)
@@ -96,3 +99,20 @@ def clamp_noise(sigma: float, floor: float, ceiling: float) -> float:
   if ceiling < sigma < math.inf:
     return ceiling
   return sigma
+
+
+def minimize_over_order(value_of, lower: float, upper: float) -> float:
+  """The order alpha in [lower, upper] (1 < lower < upper < inf) at which ``value_of(alpha)`` is
+  smallest, by a bounded scalar search (scipy's ``minimize_scalar``, ``xatol`` 1e-4) in
+  ``u = log(alpha - 1)``, where the bounds of the accountants are close to unimodal; a
+  non-finite value counts as 1e300.  The caller re-evaluates its bound at the order returned
+  (a search point, never an interpolation), so the result stays a valid bound.
+  """
+  def objective(u: float) -> float:
+    value = value_of(1.0 + math.exp(u))
+    return value if math.isfinite(value) else 1e300
+
+  result = optimize.minimize_scalar(
+      objective, bounds=(math.log(lower - 1.0), math.log(upper - 1.0)), method="bounded",
+      options={"xatol": 1e-4})
+  return 1.0 + math.exp(float(result.x))

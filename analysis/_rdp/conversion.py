@@ -7,10 +7,10 @@ import math
 import warnings
 
 import numpy as np
-from scipy import optimize
 
 from analysis._checks import (check_delta, check_nonnegative, check_orders, check_probability,
                               check_real, check_same_length, check_steps)
+from analysis._numerics import minimize_over_order
 from analysis._rdp.common import DEFAULT_ORDERS, MAX_ORDER, OrderAtBoundaryWarning
 from analysis._rdp.sampled_gaussian import compute_rdp
 
@@ -210,16 +210,8 @@ def get_privacy_spent_optimal_order(q: float, noise_multiplier: float, steps: in
     if not math.isfinite(hi):
       hi = max(_MAX_SEARCH_ORDER, float(finite_grid.max(initial=2.0)))
     if math.isfinite(lo) and hi > lo:
-
-      def objective(u: float) -> float:
-        alpha = 1.0 + math.exp(u)
-        value = tight(alpha, compute_rdp(q, s, steps, alpha))
-        return value if math.isfinite(value) else 1e300
-
-      result = optimize.minimize_scalar(
-          objective, bounds=(math.log(lo - 1.0), math.log(hi - 1.0)), method="bounded",
-          options={"xatol": 1e-4})
-      candidates.append(1.0 + math.exp(float(result.x)))
+      candidates.append(minimize_over_order(
+          lambda alpha: tight(alpha, compute_rdp(q, s, steps, alpha)), lo, hi))
 
   best_value, best_alpha = None, None
   for alpha in candidates:

@@ -13,8 +13,7 @@ from scipy import special
 from analysis._checks import (check_nonnegative, check_orders, check_probability,
                               check_same_length, check_steps)
 from analysis._numerics import finish, log_expm1, logsumexp
-from analysis._rdp.common import (_EPS, _TINY, MAX_ORDER, _accounted_noise_rdp, _edge_case_rdp,
-                                  _scale_by_steps)
+from analysis._rdp.common import _EPS, MAX_ORDER, _one_step, _rdp_curve, _scale_by_steps
 from analysis._rdp.forward_differences import _log_gauss_forward_differences
 
 _MAX_FRAC_TERMS = 1 << 16  # cap on the series length per fractional order (then interpolation)
@@ -238,11 +237,7 @@ def _log_a(q: float, s: float, alpha: float) -> float:
 
 
 def _rdp_one_step(q: float, s: float, alpha: float) -> float:
-  s = _accounted_noise_rdp(s)
-  edge = _edge_case_rdp(q, s, alpha)
-  if edge is not None:
-    return max(edge, _TINY) if 0.0 < edge else edge
-  return max(_log_a(q, s, alpha) / (alpha - 1.0), _TINY)
+  return _one_step(q, s, alpha, lambda q, s, alpha: _log_a(q, s, alpha) / (alpha - 1.0))
 
 
 def compute_rdp(q: float, noise_multiplier: float, steps: int, orders):
@@ -278,11 +273,7 @@ def compute_rdp(q: float, noise_multiplier: float, steps: int, orders):
     ValueError: q outside [0, 1], negative or NaN noise_multiplier, ``steps`` not an integer
       in [0, 2**53], an empty ``orders``, or an order <= 1, NaN, or finite above 1e6.
   """
-  q = check_probability("q", q)
-  s = check_nonnegative("noise_multiplier", noise_multiplier)
-  steps = check_steps("steps", steps)
-  alphas, scalar = check_orders("orders", orders, max_finite=MAX_ORDER)
-  return finish([_scale_by_steps(_rdp_one_step(q, s, float(a)), steps) for a in alphas], scalar)
+  return _rdp_curve(_rdp_one_step, q, noise_multiplier, steps, orders)
 
 
 def compute_heterogeneous_rdp(sampling_probabilities: Sequence[float],

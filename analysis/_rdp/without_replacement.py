@@ -9,10 +9,8 @@ import math
 import numpy as np
 from scipy import special
 
-from analysis._checks import check_nonnegative, check_orders, check_probability, check_steps
-from analysis._numerics import finish, log_expm1, logsumexp
-from analysis._rdp.common import (_EPS, _TINY, MAX_ORDER, _accounted_noise_rdp, _edge_case_rdp,
-                                  _scale_by_steps)
+from analysis._numerics import log_expm1, logsumexp
+from analysis._rdp.common import _EPS, _one_step, _rdp_curve
 from analysis._rdp.forward_differences import (_WOR_FD_MAX_ORDER,
                                                _log_gauss_forward_differences)
 
@@ -47,17 +45,18 @@ def _wor_log_moment_int(q: float, s: float, alpha: int) -> float:
   return min(bound, (alpha - 1.0) * alpha / (2.0 * s * s))
 
 
-def _wor_one_step(q: float, s: float, alpha: float) -> float:
-  s = _accounted_noise_rdp(s)
-  edge = _edge_case_rdp(q, s, alpha)
-  if edge is not None:
-    return max(edge, _TINY) if 0.0 < edge else edge
+def _wor_interior(q: float, s: float, alpha: float) -> float:
+  """The bound for 0 < q < 1, 0 < s < inf, 1 < alpha < inf (fractional orders interpolate)."""
   if float(alpha).is_integer():
-    return max(_wor_log_moment_int(q, s, int(alpha)) / (alpha - 1.0), _TINY)
+    return _wor_log_moment_int(q, s, int(alpha)) / (alpha - 1.0)
   f, c = math.floor(alpha), math.ceil(alpha)
   t = alpha - f
   moment = (1.0 - t) * _wor_log_moment_int(q, s, f) + t * _wor_log_moment_int(q, s, c)
-  return max(moment / (alpha - 1.0), _TINY)
+  return moment / (alpha - 1.0)
+
+
+def _wor_one_step(q: float, s: float, alpha: float) -> float:
+  return _one_step(q, s, alpha, _wor_interior)
 
 
 def compute_rdp_sample_without_replacement(q: float, noise_multiplier: float, steps: int,
@@ -90,8 +89,4 @@ def compute_rdp_sample_without_replacement(q: float, noise_multiplier: float, st
   Raises:
     ValueError: as :func:`compute_rdp`.
   """
-  q = check_probability("q", q)
-  s = check_nonnegative("noise_multiplier", noise_multiplier)
-  steps = check_steps("steps", steps)
-  alphas, scalar = check_orders("orders", orders, max_finite=MAX_ORDER)
-  return finish([_scale_by_steps(_wor_one_step(q, s, float(a)), steps) for a in alphas], scalar)
+  return _rdp_curve(_wor_one_step, q, noise_multiplier, steps, orders)
