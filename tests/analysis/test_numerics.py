@@ -86,3 +86,12 @@ def test_noise_constants_have_one_name_per_meaning():
     assert not hasattr(module, "_MIN_NOISE"), module.__name__
     for name in ("_logsumexp", "_log_expm1", "_log_expm1_scalar", "_finish", "_accounted_noise"):
       assert not hasattr(module, name), (module.__name__, name)
+
+
+def test_minimize_over_order_finds_the_closed_form_minimum():
+  # (log(alpha - 1) - log 2)^2 is smallest at alpha = 3; non-finite values never win.
+  alpha = _numerics.minimize_over_order(lambda a: (math.log(a - 1.0) - math.log(2.0)) ** 2,
+                                        1.01, 1e4)
+  assert alpha == pytest.approx(3.0, rel=1e-3)
+  alpha = _numerics.minimize_over_order(lambda a: math.inf if a < 5.0 else a, 1.5, 50.0)
+  assert 5.0 <= alpha <= 5.01
