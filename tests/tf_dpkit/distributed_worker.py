@@ -99,6 +99,25 @@ def _poisson_parts():
   return steps
 
 
+def _passes_started():
+  """Passes begun over every fresh-pass pipeline made in this process (tf_dpkit.data)."""
+  return sum(int(p._counter.numpy()) for p in _PASSES)  # pylint: disable=protected-access
+
+
+def _record_passes():
+  from tf_dpkit.data import poisson  # pylint: disable=g-import-not-at-top
+  init = poisson._Passes.__init__  # pylint: disable=protected-access
+
+  def recording_init(self):
+    init(self)
+    _PASSES.append(self)
+  poisson._Passes.__init__ = recording_init  # pylint: disable=protected-access
+
+
+_PASSES = []
+_record_passes()
+
+
 def main():
   mode = ARGS["mode"]
   rng = np.random.default_rng(0)
@@ -214,7 +233,8 @@ def main():
     history = model.fit(batches, epochs=1, steps_per_epoch=STEPS, verbose=0,
                         callbacks=[budget, Record()])
     return {"updates": np.diff(np.array(trace), axis=0).tolist(),
-            "epsilon": history.history["epsilon"][-1], "ledger_steps": budget.accountant.steps}
+            "epsilon": history.history["epsilon"][-1], "ledger_steps": budget.accountant.steps,
+            "passes": _passes_started()}
   if mode == "fit":
     class Record(keras.callbacks.Callback):
       def on_train_batch_end(self, batch, logs=None):

@@ -170,11 +170,37 @@ def multi_worker(model) -> bool:
   return strategy is not None and tf_trainer._collective_all_reduce_multi_worker(strategy)  # pylint: disable=protected-access
 
 
+def _local_element_spec(iterator):
+  """One local replica's element spec of the epoch iterator's distributed dataset, or None."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    spec = iterator._distributed_dataset.element_spec  # pylint: disable=protected-access
+  except (AttributeError, TypeError, NotImplementedError):
+    return None
+
+  def local(s):
+    values = getattr(s, "_value_specs", None)  # PerReplicaSpec: one spec per local replica
+    return values[0] if values else s
+  spec = tf.nest.map_structure(local, spec)
+  if all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)):
+    return spec
+  return None
+
+
 def symbolic_build_from_local_batch(model, iterator=None, data_batch=None) -> None:
-  """Keras's symbolic build from this worker's first local replica batch (no reduction)."""
+  """Keras's symbolic build from one local replica's element spec (no reduction).
+
+  The build needs only shapes and dtypes, so it reads them from the dataset's element spec
+  and draws no batch: pulling one would open (and throw away) an iterator, which for the
+  fresh-pass Poisson pipelines (:mod:`tf_dpkit.data`) would make ``fit`` under a strategy
+  train the second pass instead of the first.  Falls back to this worker's first local
+  batch when the spec cannot be read.
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   strategy = model.distribute_strategy
-  if iterator is not None:
+  if iterator is not None and data_batch is None:
+    data_batch = _local_element_spec(iterator)
+  if iterator is not None and data_batch is None:
     for _, _, it in iterator:
       batch = next(it)
       data_batch = tf.nest.map_structure(
