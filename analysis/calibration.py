@@ -201,7 +201,8 @@ def compute_noise_multiplier(target_epsilon: float, target_delta: float,
                              tolerance: float = 1e-4) -> float:
   """Smallest noise multiplier sigma whose ``steps``-step DP-SGD run is (eps, delta)-DP.
 
-  Poisson sampling with probability q, add-or-remove-one adjacency.  Returns sigma (noise
+  TF Privacy's name, kept as a thin wrapper of :func:`calibrate` (the event of
+  :func:`analysis.dp_sgd.dp_sgd_event` with sampling probability q).  Poisson sampling with probability q, add-or-remove-one adjacency.  Returns sigma (noise
   std / clipping norm) with eps(sigma) <= ``target_epsilon`` at ``target_delta`` according to
   the accountant, and sigma <= (1 + tolerance) * sigma_min, where sigma_min is the exact
   smallest such value for that accountant (bracketed root search, :func:`calibrate`).
@@ -240,9 +241,9 @@ def noise_multiplier_for_event(event_of, target_epsilon: float, target_delta: fl
                                accountant: str = "rdp", tolerance: float = 1e-4) -> float:
   """Smallest sigma whose event ``event_of(sigma)`` is (target_epsilon, target_delta)-DP.
 
-  The general form of the calibration (module docstring): ``event_of`` maps a noise
-  multiplier to an :mod:`analysis.events` event whose epsilon does not increase with it (e.g.
-  ``lambda s: analysis.dp_sgd.dp_sgd_event(s, steps, ...)``).  Returns sigma in
+  :func:`calibrate` with its defaults, kept under this name for its callers: ``event_of`` maps
+  a noise multiplier to an :mod:`analysis.events` event whose epsilon does not increase with it
+  (e.g. ``lambda s: analysis.dp_sgd.dp_sgd_event(s, steps, ...)``).  Returns sigma in
   [1e-3, 1e4] with eps <= target by the named accountant, at most ``tolerance`` relative
   above the smallest such sigma; 0.0 for an infinite target.
 
@@ -390,9 +391,8 @@ def compute_noise_multiplier_for_training(target_epsilon: float, target_delta: f
                                           tolerance: float = 1e-4) -> float:
   """Smallest noise multiplier for DP-SGD training to an (eps, delta) budget.
 
-  The run is the event of :func:`analysis.dp_sgd.dp_sgd_event` (the one rule shared with the
-  command line and ``tf_dpkit``'s budget callback), searched over sigma as in
-  :func:`compute_noise_multiplier`:
+  :func:`calibrate` on :func:`training_event_of`'s event (the one rule shared with the command
+  line and ``tf_dpkit``'s budget callback), as in :func:`compute_noise_multiplier`:
 
   * ``"poisson"``: q = batch_size / dataset_size for ``steps = ceil(epochs * dataset_size /
     batch_size)`` steps (:func:`steps_for_training`);
