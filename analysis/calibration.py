@@ -202,8 +202,9 @@ def compute_noise_multiplier(target_epsilon: float, target_delta: float,
   """Smallest noise multiplier sigma whose ``steps``-step DP-SGD run is (eps, delta)-DP.
 
   TF Privacy's name, kept as a thin wrapper of :func:`calibrate` (the event of
-  :func:`analysis.dp_sgd.dp_sgd_event` with sampling probability q).  Poisson sampling with probability q, add-or-remove-one adjacency.  Returns sigma (noise
-  std / clipping norm) with eps(sigma) <= ``target_epsilon`` at ``target_delta`` according to
+  :func:`analysis.dp_sgd.dp_sgd_event` with sampling probability q).  Poisson sampling with
+  probability q, add-or-remove-one adjacency.  Returns sigma (noise std / clipping norm) with
+  eps(sigma) <= ``target_epsilon`` at ``target_delta`` according to
   the accountant, and sigma <= (1 + tolerance) * sigma_min, where sigma_min is the exact
   smallest such value for that accountant (bracketed root search, :func:`calibrate`).
 
