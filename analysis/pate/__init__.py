@@ -11,10 +11,13 @@ private; :class:`PateAccountant` says which of its numbers may be published.
 The mathematics (GNMax, the threshold check, LNMax, the smooth-sensitivity bounds and the
 conditions they rely on), with references to PATE 2017 / 2018: ``docs/design/pate.md``.
 Sub-modules (private): ``_mechanisms`` (per-query RDP), ``_smooth`` (smooth sensitivity),
-``_accountant`` (:class:`PateAccountant`), ``_settings`` (suggested Confident GNMax
+``_events`` (each aggregator's query as a :class:`PateEvent`), ``_accountant``
+(:class:`PateAccountant`, which composes events), ``_settings`` (suggested Confident GNMax
 settings).  No TensorFlow import; numpy and scipy only.
 """
 from analysis.pate._accountant import PateAccountant, SanitizedEpsilon
+from analysis.pate._events import (ConfidentGNMaxEvent, GNMaxEvent, InteractiveGNMaxEvent,
+                                   LNMaxEvent, PateEvent, ThresholdCheckEvent)
 from analysis.pate._settings import ConfidentGNMaxSettings, suggest_confident_gnmax
 from analysis.pate._mechanisms import (log_pr_answered, log_q_gnmax, log_q_lnmax, rdp_gnmax,
                                        rdp_gnmax_data_independent, rdp_lnmax,
@@ -25,9 +28,15 @@ from analysis.pate._smooth import (_gnmax_table, _threshold_c5, local_sensitivit
                                    smooth_sensitivity_gnmax, smooth_sensitivity_threshold)
 
 __all__ = [
+    "ConfidentGNMaxEvent",
     "ConfidentGNMaxSettings",
+    "GNMaxEvent",
+    "InteractiveGNMaxEvent",
+    "LNMaxEvent",
     "PateAccountant",
+    "PateEvent",
     "SanitizedEpsilon",
+    "ThresholdCheckEvent",
     "local_sensitivity_gnmax",
     "local_sensitivity_threshold",
     "log_pr_answered",

@@ -14,13 +14,10 @@ from analysis import accountant as _accountant
 from analysis import events
 from analysis import rdp_accountant
 from analysis._numerics import finish as _finish
-from analysis.pate._common import (_SQRT2, _check_beta, _check_finite_real, _check_order,
-                                   _check_votes, _laplace_rdp, _lnmax_from_logq,
-                                   _lnmax_independent, _theorem6)
-from analysis.pate._mechanisms import (_log_pr_answered, _log_q_gnmax, _log_q_lnmax,
-                                       _threshold_logq)
-from analysis.pate._smooth import (_discounted_max, _ls_gnmax, _ls_threshold,
-                                   rdp_smooth_sensitivity_release)
+from analysis.pate._common import _check_beta, _check_order, _laplace_rdp
+from analysis.pate._events import (ConfidentGNMaxEvent, GNMaxEvent, InteractiveGNMaxEvent,
+                                   LNMaxEvent, PateEvent, _atomic_parts, _ledger_is_gaussian)
+from analysis.pate._smooth import _discounted_max, rdp_smooth_sensitivity_release
 
 _MAX_SEARCH_ORDER = 1e4  # upper end of the real-order search
 
@@ -49,23 +46,18 @@ class SanitizedEpsilon:
   release_rdp: float
 
 
-@dataclasses.dataclass(frozen=True)
-class _Part:
-  """One data-dependent part: a Theorem 6 component (s = sigma or sqrt(2) sigma1) or LNMax."""
-  kind: str  # "gnmax", "threshold", "lnmax"
-  scale: float  # sigma (gnmax), sigma1 (threshold), b (lnmax)
-  logq: float
-  votes: np.ndarray
-  teachers: int  # the distance at which every histogram is in reach
-  threshold: float = 0.0
-  shifted: bool = False
-
-
 @_secrecy.refuse_pickling(
     "every composed query's raw vote histogram (private data)", copies=True,
     instead="Publish its ledger or data_independent_epsilon() instead.")
 class PateAccountant(_accountant.Accountant):
   """Composes PATE queries (GNMax, LNMax, Confident and Interactive GNMax) and reports epsilon.
+
+  Each query is a :class:`analysis.pate.PateEvent` (``GNMaxEvent``, ``LNMaxEvent``,
+  ``ConfidentGNMaxEvent``, ``InteractiveGNMaxEvent``, ``ThresholdCheckEvent`` or a new
+  aggregator's own event class) composed by :meth:`compose`; ``compose_gnmax`` and the other
+  ``compose_*`` methods build the event for you.  The accountant sums what each event states
+  (data-dependent and data-independent RDP, ledger, local-sensitivity bounds), so a new
+  aggregator needs no change here (docs/design/pate.md, "PATE events").
 
   Each query's actual outcome is composed: the threshold check's cost always, the GNMax cost
   only when the query was answered (as PATE 2018 does: a refused query releases only the
@@ -126,7 +118,8 @@ class PateAccountant(_accountant.Accountant):
     self._orders = tuple(sorted(set(float(a) for a in alphas)))
     self._num_teachers = (None if num_teachers is None else
                           _checks.check_integer("num_teachers", num_teachers, minimum=1))
-    self._parts: list[_Part] = []
+    self._parts: list[PateEvent] = []  # the composed queries' atomic parts, in order
+    self._gaussian_ledger = True  # every ledger entry a Gaussian release (exact composition)
     self._plain: list[tuple[str, float, int]] = []  # ("gaussian"|"laplace", multiplier, count)
     self._queries = 0
     self._answered = 0
@@ -141,65 +134,48 @@ class PateAccountant(_accountant.Accountant):
 
   @property
   def queries(self) -> int:
-    """PATE queries composed (each compose_* call)."""
+    """PATE queries composed (each compose_* call or composed :class:`PateEvent`)."""
     return self._queries
 
   @property
   def answered(self) -> int:
-    """Queries answered (GNMax and LNMax queries always are)."""
+    """Queries answered (:attr:`PateEvent.answered`; GNMax and LNMax queries always are)."""
     return self._answered
 
   # -- composing queries ---------------------------------------------------------------------
 
-  def _votes(self, name: str, votes, shifted: bool = False) -> np.ndarray:
-    votes = _check_votes(name, votes, shifted=shifted)
-    if not shifted and self._num_teachers is not None and votes.sum() > self._num_teachers:
-      raise ValueError(f"{name} must hold at most num_teachers = {self._num_teachers} votes, "
-                       f"got {votes.sum():g}.")
-    return votes
-
-  def _record(self, parts, new_events, answered: bool) -> "PateAccountant":
+  def _record(self, event: PateEvent) -> None:
+    parts: list = []
+    _atomic_parts(event, parts)
+    gaussian = _ledger_is_gaussian(event)
     self._parts.extend(parts)
-    self._events.extend(new_events)
+    self._events.extend(event.ledger)
+    self._gaussian_ledger = self._gaussian_ledger and gaussian
     self._queries += 1
-    self._answered += int(answered)
+    self._answered += int(bool(event.answered))
     self._cache.clear()
-    return self
-
-  def _teachers(self, votes: np.ndarray) -> int:
-    return self._num_teachers or max(1, int(votes.sum()))
-
-  def _gnmax_part(self, votes: np.ndarray, sigma: float) -> _Part:
-    return _Part("gnmax", sigma, _log_q_gnmax(votes, sigma), votes, self._teachers(votes))
-
-  def _threshold_part(self, votes: np.ndarray, checked: np.ndarray, threshold: float,
-                      sigma1: float, shifted: bool) -> _Part:
-    logq = _threshold_logq(_log_pr_answered(checked, threshold, sigma1))
-    return _Part("threshold", sigma1, logq, checked, self._teachers(votes), threshold, shifted)
 
   def compose_gnmax(self, votes, sigma: float) -> "PateAccountant":
-    """One GNMax answer on ``votes`` (noise std ``sigma`` > 0, finite); returns self."""
-    votes = self._votes("votes", votes)
-    sigma = _checks.check_finite_positive("sigma", sigma)
-    return self._record([self._gnmax_part(votes, sigma)],
-                        [events.GaussianEvent(sigma / _SQRT2)], True)
+    """One GNMax answer on ``votes`` (noise std ``sigma`` > 0, finite); returns self.
+
+    The same as ``compose(GNMaxEvent(votes, sigma))``."""
+    return self.compose(GNMaxEvent(votes, sigma))
 
   def compose_lnmax(self, votes, laplace_scale: float) -> "PateAccountant":
-    """One LNMax answer on ``votes`` (Laplace scale ``laplace_scale`` > 0, finite)."""
-    votes = self._votes("votes", votes)
-    scale = _checks.check_finite_positive("laplace_scale", laplace_scale)
-    part = _Part("lnmax", scale, _log_q_lnmax(votes, scale), votes, self._teachers(votes))
-    return self._record([part], [events.LaplaceEvent(scale / 2.0)], True)
+    """One LNMax answer on ``votes`` (Laplace scale ``laplace_scale`` > 0, finite).
+
+    The same as ``compose(LNMaxEvent(votes, laplace_scale))``."""
+    return self.compose(LNMaxEvent(votes, laplace_scale))
 
   def compose_confident_gnmax(self, votes, threshold: float, sigma1: float, sigma2: float,
                               answered: bool) -> "PateAccountant":
     """One Confident GNMax query (PATE 2018, Algorithm 1) with its actual outcome.
 
     The check ``max votes + N(0, sigma1^2) >= threshold`` is always paid; the GNMax step
-    (noise ``sigma2``) only when ``answered`` (a bool) is True.
+    (noise ``sigma2``) only when ``answered`` (a bool) is True.  The same as
+    ``compose(ConfidentGNMaxEvent(votes, threshold, sigma1, sigma2, answered))``.
     """
-    votes = self._votes("votes", votes)
-    return self._confident(votes, votes, False, threshold, sigma1, sigma2, answered)
+    return self.compose(ConfidentGNMaxEvent(votes, threshold, sigma1, sigma2, answered))
 
   def compose_interactive_gnmax(self, votes, thresholded_votes, threshold: float,
                                 sigma1: float, sigma2: float,
@@ -208,34 +184,34 @@ class PateAccountant(_accountant.Accountant):
 
     The check runs on ``thresholded_votes`` (= votes - alpha * student probabilities: any
     finite reals, same length as ``votes``); GNMax (noise ``sigma2``) on ``votes`` only when
-    ``answered`` is True (a query the student answers itself costs only the check).
+    ``answered`` is True (a query the student answers itself costs only the check).  The same
+    as ``compose(InteractiveGNMaxEvent(votes, thresholded_votes, threshold, sigma1, sigma2,
+    answered))``.
     """
-    votes = self._votes("votes", votes)
-    checked = self._votes("thresholded_votes", thresholded_votes, shifted=True)
-    if checked.size != votes.size:
-      raise ValueError(f"thresholded_votes must have one entry per class ({votes.size}), got "
-                       f"{checked.size}.")
-    return self._confident(votes, checked, True, threshold, sigma1, sigma2, answered)
-
-  def _confident(self, votes, checked, shifted, threshold, sigma1, sigma2, answered):
-    threshold = _check_finite_real("threshold", threshold)
-    sigma1 = _checks.check_finite_positive("sigma1", sigma1)
-    sigma2 = _checks.check_finite_positive("sigma2", sigma2)
-    if not isinstance(answered, (bool, np.bool_)):
-      raise ValueError(f"answered must be a bool, got {answered!r}.")
-    parts = [self._threshold_part(votes, checked, threshold, sigma1, shifted)]
-    new_events = [events.GaussianEvent(sigma1)]
-    if answered:
-      parts.append(self._gnmax_part(votes, sigma2))
-      new_events.append(events.GaussianEvent(sigma2 / _SQRT2))
-    return self._record(parts, new_events, bool(answered))
+    return self.compose(InteractiveGNMaxEvent(votes, thresholded_votes, threshold, sigma1,
+                                              sigma2, answered))
 
   # -- the Accountant interface ----------------------------------------------------------------
 
-  def compose(self, event: events.DpEvent, count: int = 1) -> "PateAccountant":
-    """Adds ``count`` runs of a plain ``event``, accounted data-independently (class doc)."""
+  def compose(self, event, count: int = 1) -> "PateAccountant":
+    """Adds ``count`` PATE queries or ``count`` runs of a plain event; returns self.
+
+    Args:
+      event: a :class:`analysis.pate.PateEvent` (one query with its actual outcome; each of
+        the ``count`` runs counts as one query), or a plain :mod:`analysis.events` event
+        (``GaussianEvent``, ``LaplaceEvent`` and compositions of them), accounted
+        data-independently (class docstring).
+      count: integer >= 0.
+    """
+    if isinstance(event, PateEvent):
+      count = _checks.check_steps("count", count)
+      event.check_num_teachers(self._num_teachers)
+      for _ in range(count):
+        self._record(event)
+      return self
     if not isinstance(event, events.DpEvent):
-      raise ValueError(f"event must be an analysis.events event, got {event!r:.80}.")
+      raise ValueError(f"event must be an analysis.pate.PateEvent or an analysis.events "
+                       f"event, got {event!r:.80}.")
     count = _checks.check_steps("count", count)
     plain: list = []
     self._plain_parts(event, count, plain)
@@ -363,7 +339,7 @@ class PateAccountant(_accountant.Accountant):
   # -- RDP curves ------------------------------------------------------------------------------
 
   def _has_laplace(self) -> bool:
-    return (any(p.kind == "lnmax" for p in self._parts)
+    return (not self._gaussian_ledger
             or any(kind == "laplace" for kind, _, _ in self._plain))
 
   def _plain_curve(self, alphas: np.ndarray) -> np.ndarray:
@@ -378,36 +354,29 @@ class PateAccountant(_accountant.Accountant):
     return total
 
   def _groups(self):
-    """Parts grouped by (kind, scale): (kind, scale, logq array, parts)."""
+    """The parts grouped for vectorised evaluation: (class, parts) in order of first
+    appearance; parts of one class with equal non-None ``batch_key`` share a group."""
     groups: dict = {}
-    for part in self._parts:
-      groups.setdefault((part.kind, part.scale), []).append(part)
-    return [(kind, scale, np.array([p.logq for p in parts]), parts)
-            for (kind, scale), parts in groups.items()]
+    for i, part in enumerate(self._parts):
+      key = part.batch_key
+      groups.setdefault((type(part), ("batch", key) if key is not None else ("part", i)),
+                        []).append(part)
+    return [(klass, parts) for (klass, _), parts in groups.items()]
+
+  def _curve(self, alphas, data_independent: bool) -> np.ndarray:
+    """The composed RDP at ``alphas``: plain parts, then each group of PATE parts."""
+    alphas = np.asarray(alphas, dtype=np.float64)
+    total = self._plain_curve(alphas)
+    for klass, parts in self._groups():
+      total += (klass.batch_data_independent_rdp(parts, alphas) if data_independent
+                else klass.batch_rdp(parts, alphas))
+    return total
 
   def _rdp_curve(self, alphas) -> np.ndarray:
-    alphas = np.asarray(alphas, dtype=np.float64)
-    total = self._plain_curve(alphas)
-    for kind, scale, logq, _ in self._groups():
-      if kind == "gnmax":
-        total += _theorem6(logq, scale, alphas).sum(axis=0)
-      elif kind == "threshold":
-        total += _theorem6(logq, _SQRT2 * scale, alphas).sum(axis=0)
-      else:
-        total += _lnmax_from_logq(logq, 2.0 / scale, alphas).sum(axis=0)
-    return total
+    return self._curve(alphas, False)
 
   def _independent_curve(self, alphas) -> np.ndarray:
-    alphas = np.asarray(alphas, dtype=np.float64)
-    total = self._plain_curve(alphas)
-    for kind, scale, logq, _ in self._groups():
-      if kind == "gnmax":
-        total += logq.size * alphas / scale**2
-      elif kind == "threshold":
-        total += logq.size * alphas / (2.0 * scale**2)
-      else:
-        total += logq.size * _lnmax_independent(2.0 / scale, alphas)
-    return total
+    return self._curve(alphas, True)
 
   def _convert(self, curve, key: str, *, target_delta=None, target_eps=None) -> float:
     """Grid conversion by get_privacy_spent, then a bounded search over real orders."""
@@ -448,14 +417,15 @@ class PateAccountant(_accountant.Accountant):
   # -- smooth sensitivity ----------------------------------------------------------------------
 
   def _ls_total(self, order: float) -> np.ndarray:
-    """Sum of the data-dependent parts' U^(d) at ``order`` (LNMax and plain parts: 0)."""
+    """Sum of the parts' U^(d) at ``order`` (parts without a local-sensitivity bound: 0)."""
     arrays = []
     for part in self._parts:
-      if part.kind == "gnmax":
-        arrays.append(_ls_gnmax(part.votes, part.teachers, part.scale, order))
-      elif part.kind == "threshold":
-        arrays.append(_ls_threshold(part.votes, part.teachers, part.threshold, part.scale,
-                                    order, part.shifted))
+      if part.has_local_sensitivity:
+        ls = np.asarray(part.local_sensitivity(order, self._num_teachers), dtype=np.float64)
+        if ls.ndim != 1 or ls.size == 0:
+          raise ValueError(f"{type(part).__name__}.local_sensitivity must return a non-empty "
+                           f"1-D array (U^(d) for d = 0, 1, ...), got shape {ls.shape}.")
+        arrays.append(ls)
     if not arrays:
       return np.zeros(1)
     length = max(a.size for a in arrays)
@@ -466,16 +436,15 @@ class PateAccountant(_accountant.Accountant):
     return total
 
   def _sanitizable_rdp(self, order: float) -> float:
-    """f(D) at ``order``: data-dependent GNMax and threshold parts, data-independent rest."""
+    """f(D) at ``order``: data-dependent RDP of the parts with a local-sensitivity bound,
+    data-independent RDP of the rest."""
     alphas = np.array([order])
     total = float(self._plain_curve(alphas)[0])
-    for kind, scale, logq, _ in self._groups():
-      if kind == "gnmax":
-        total += float(_theorem6(logq, scale, alphas).sum())
-      elif kind == "threshold":
-        total += float(_theorem6(logq, _SQRT2 * scale, alphas).sum())
+    for klass, parts in self._groups():
+      if parts[0].has_local_sensitivity:  # one batch: one kind of event
+        total += float(klass.batch_rdp(parts, alphas).sum())
       else:
-        total += logq.size * float(_lnmax_independent(2.0 / scale, alphas)[0])
+        total += float(klass.batch_data_independent_rdp(parts, alphas)[0])
     return total
 
   def smooth_sensitivity(self, beta: float, order: float) -> float:
