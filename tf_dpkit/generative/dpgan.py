@@ -1,59 +1,19 @@
 """DP-GAN: a GAN whose discriminator is trained with DP-SGD on the private data.
 
-What is private, and why the accounting holds
----------------------------------------------
-Only the discriminator ``D`` ever reads the private examples ``(x_i, y_i)``.  Each
-discriminator step ``t``:
+Only the discriminator reads private examples: each discriminator step clips every real
+example's gradient of the real loss term to ``l2_norm_clip``, adds Gaussian noise of std
+``noise_multiplier * l2_norm_clip`` and normalises by the expected Poisson batch size (one step
+of the subsampled Gaussian mechanism of DP-SGD, add-or-remove-one adjacency).  The fake term
+(generated examples, uniform public fake labels) and the generator step are post-processing,
+so the accountant (:class:`tf_dpkit.budget.PrivacyAccountant`) counts discriminator steps
+only.  BatchNormalization in the discriminator and the WGAN-GP gradient penalty are refused
+(they mix examples).
 
-1. draws a Poisson batch ``B_t`` (every example independently with probability ``q = qN / N``,
-   ``tf_dpkit.data.poisson_batches``, secret sampling seed);
-2. computes, for every real example ``i`` in ``B_t``, the gradient ``g_i`` of its REAL loss
-   term with respect to ``D``'s weights (``l_real(D(x_i, y_i))``: ``softplus(-D)`` =
-   ``-log sigmoid(D)`` for the standard GAN, ``-D`` for the Wasserstein critic), clips it to
-   ``||g_i|| <= C`` (the fast per-layer path of ``tf_dpkit.private_gradients``) and releases
-   ``R_t = (sum_i clip(g_i) + N(0, sigma^2 C^2 I)) / qN`` -- exactly one step of the
-   Poisson-subsampled Gaussian mechanism of DP-SGD (add-or-remove-one adjacency);
-3. adds ``F_t``, the gradient of the FAKE loss term (``softplus(D(G(z), y~))``, or
-   ``D(G(z), y~)`` for Wasserstein) averaged over ``round(qN)`` generated examples.  ``z`` and
-   the fake labels ``y~`` (uniform over the classes, never the data's label frequencies) are
-   public randomness, and ``F_t`` is a function of the current ``D`` and ``G`` only, i.e. of
-   earlier releases: post-processing, no privacy cost.  (``G`` runs in training mode here, as
-   in its own step: a BatchNormalization layer in ``G`` normalises and tracks statistics of
-   fake batches only.)  By default each fake example's
-   gradient is clipped to ``C`` too (same scale as the real term, as in DP-CGAN of
-   Torkzadehmahani et al. 2019); this is for balance only, privacy does not need it;
-4. applies ``R_t + F_t`` with the DP optimizer's update rule (Adam, RMSprop or SGD: post-
-   processing), then, for the Wasserstein critic, clips every weight to ``[-c, c]``
-   (post-processing).
+Conditional models: generator ``[noise [B, latent_dim], one_hot_label [B, K]] -> image``,
+discriminator ``[image, one_hot_label] -> logit [B, 1]``; unconditional: ``noise -> image``,
+``image -> logit``.
 
-The generator step uses ``D``'s current weights and public randomness only: it never reads
-the data, so it is post-processing of the discriminator's releases.  Hence the whole run is
-the adaptive composition of the discriminator steps, each a Poisson-subsampled Gaussian
-mechanism with noise multiplier ``sigma`` and sampling probability ``q``:
-:class:`tf_dpkit.budget.PrivacyAccountant` counts discriminator steps only
-(``analysis.dp_sgd.dp_sgd_event``), and the released generator is ``(epsilon, delta)``-DP for
-the epsilon it reports.  Labels are private data as well: they enter only through ``D``'s real
-term, which is clipped with the image.
-
-Not supported, with reasons:
-
-* ``BatchNormalization`` in the discriminator: its batch statistics mix the examples of a
-  batch, so one example's gradient depends on the others and clipping does not bound its
-  influence.  Use ``LayerNormalization`` / ``GroupNormalization`` (the generator may use
-  BatchNormalization: it never sees real data).
-* The WGAN-GP gradient penalty: the usual penalty is evaluated on interpolates between real
-  and fake examples of a batch (and its average over the batch is not a per-example term of
-  the clipped loss), so the released gradient would depend on real examples without clipping.
-  A per-example version would need a second discriminator call and a double gradient inside
-  each example's clipped loss, which the fast clipping path does not evaluate; use weight
-  clipping (``weight_clip``), as in the DPGAN of Xie et al. 2018.
-
-Conditional models
-------------------
-With ``num_classes=K`` the generator takes ``[noise, one_hot_label]`` (shapes ``[B,
-latent_dim]`` and ``[B, K]``, in this order) and the discriminator takes ``[image,
-one_hot_label]``; without, they take ``noise`` and ``image`` alone.  The discriminator
-outputs one logit (critic value) per example, shape ``[B, 1]``.
+Design and the privacy argument step by step: docs/design/generative.md.
 """
 from __future__ import annotations
 

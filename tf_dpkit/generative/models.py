@@ -1,32 +1,13 @@
-"""Small generator and discriminator builders for MNIST-sized DP-GANs (functional Keras models).
+"""Small generator and discriminator builders for DP-GANs (functional Keras models).
 
-Shapes (``K`` classes, ``d`` latent dimensions, image shape ``(H, W, C)``, default MNIST's
-``(28, 28, 1)``):
+:func:`mlp_generator` and :func:`conv_generator` take ``[noise [B, d], one_hot_label [B, K]]``
+(``noise`` alone when ``num_classes`` is None) and output images (or rows: any
+``image_shape``) in [0, 1] (sigmoid); :func:`mlp_discriminator` (label concatenated or
+projected) and :func:`conv_discriminator` take ``[image, one_hot_label]`` and output one logit
+``[B, 1]``.  Discriminators hold only layers with fast per-example clipping rules (Dense,
+Conv2D) and no normalisation that mixes examples; generators may use BatchNormalization.
 
-* :func:`mlp_generator`: inputs ``[noise [B, d], one_hot_label [B, K]]`` in this order (only
-  ``noise`` when ``num_classes`` is None) -> concatenation -> Dense + LeakyReLU(0.2) layers ->
-  (optionally BatchNormalization) ->
-  ``Dense(H*W*C)`` with a sigmoid -> reshape: images in [0, 1], shape ``[B, H, W, C]``.
-* :func:`mlp_discriminator`: inputs ``[image [B, H, W, C], one_hot_label [B, K]]``.  With
-  ``conditioning="concat"``: flatten, concatenate the label -> Dense + LeakyReLU(0.2) layers ->
-  ``Dense(1)``.  With ``conditioning="projection"`` (Miyato & Koyama 2018, "cGANs with
-  projection discriminator"): the flattened image alone -> the same hidden layers -> features
-  ``h``; logit ``= w . h + b + (V h) . y`` with ``V`` a ``[K, h]`` matrix (``Dense(K, no
-  bias)`` then a dot product with the one-hot label ``y``), i.e. one learned class direction
-  per class.  One logit per example either way.  Only Dense layers carry weights (the fast
-  per-layer clipping path handles them cheaply) and no normalisation mixes examples.
-* :func:`conv_generator`: ``[noise, one_hot_label]`` -> concatenation -> ``Dense(H/4 * W/4 *
-  2F)`` -> (BatchNormalization) -> LeakyReLU(0.2) -> reshape ``[H/4, W/4, 2F]`` ->
-  ``Conv2DTranspose(F, 4, stride 2, same)`` -> (BatchNormalization) -> LeakyReLU(0.2) ->
-  ``Conv2DTranspose(C, 4, stride 2, same)`` with a sigmoid: images in [0, 1], ``[B, H, W, C]``
-  (H and W must be multiples of 4).
-* :func:`conv_discriminator`: ``[image, one_hot_label]`` -> the label tiled to ``[H, W, K]``
-  (``UpSampling2D``, no weights) and concatenated to the image channels -> ``Conv2D(F1, 4,
-  stride 2, same)`` -> LeakyReLU(0.2) -> ``Conv2D(F2, 4, stride 2, same)`` -> LeakyReLU(0.2)
-  -> Flatten -> ``Dense(1)``.  Conv2D and Dense only (both have fast per-layer clipping
-  rules), no normalisation that mixes examples; about 42k weights for MNIST with the default
-  ``filters=(32, 64)`` against about 236k for :func:`mlp_discriminator`'s default, so the
-  DP noise, whose norm grows with the square root of the number of weights, is smaller.
+Layer-by-layer shapes: docs/design/generative.md.
 """
 from __future__ import annotations
 

@@ -1,0 +1,259 @@
+"""Private synthetic tables: PATE-GAN (and DP-GAN) on UCI Epileptic Seizure, evaluated by TSTR.
+
+    python tutorials/tabular_pategan_tutorial.py --target_epsilon=1 --output_dir=/tmp/pg1
+    python tutorials/tabular_pategan_tutorial.py --target_epsilon=10 --output_dir=/tmp/pg10
+    python tutorials/tabular_pategan_tutorial.py --method=dpgan --target_epsilon=1 ...
+    python tutorials/tabular_pategan_tutorial.py --method=real --output_dir=/tmp/real
+
+Protocol (PATE-GAN paper, Jordon, Yoon & van der Schaar, ICLR 2019, and the 2024 reproduction
+study of Ganev et al.): binary label ``y == 1`` (seizure), stratified 80/20 train/test split
+with a fixed public seed (tutorials/data/epileptic_seizure.py), the 178 features mapped to
+[0, 1] by a FIXED public function (clip to the 12-bit converter range, asinh companding; no
+statistic of the data), a conditional generator whose training labels are drawn uniformly
+(public randomness: never the private label counts).  The released table has as many rows as
+the training split, labels drawn uniformly (``--positive_fraction``, a public number), values
+mapped back to the input's units (integer converter counts).
+
+``--method``:
+  pategan  tf_dpkit.generative.PATEGAN: ``--num_teachers`` teacher discriminators on disjoint
+           shards, a student trained only on generated rows labelled by a GNMax vote of the
+           teachers, the generator trained against the student.  The GNMax noise is calibrated
+           so that ``--iterations`` x ``--student_batch_size`` answers meet (--target_epsilon,
+           --delta) DATA-INDEPENDENTLY (publishable; replace-one adjacency).
+  dpgan    tf_dpkit.generative.DPGAN on the same data and budget: the discriminator trained by
+           DP-SGD, the noise calibrated for ``--dpgan_steps`` x ``--discriminator_steps``
+           steps (RDP accountant; add-or-remove-one adjacency, the DP-SGD convention).
+  real     no generator: the real training split itself (the TSTR ceiling).
+``--target_epsilon=inf``: no noise (no privacy; the "no noise" row).
+``--validation``: tune without the test split: hold out a stratified 20% of the TRAINING split
+(public seed), train on the rest and report TSTR on the held-out part.
+
+Writes to --output_dir:
+  synthetic.csv.gz  columns X1..X178 (integer counts) and y (0/1); one row per training row.
+  results.json      epsilon, delta, epsilon_kind, TSTR AUROC/AUPRC per classifier and their
+                    means (tf_dpkit.generative.tstr_tabular: logistic regression, random
+                    forest, gradient boosting, MLP), settings.
+  generator.keras   the generator (no data, no teacher, no noise key), not for --method=real.
+The evaluation reads the real test split (or the validation part) and is not part of the DP
+release.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from analysis import calibration  # noqa: E402
+from tf_dpkit import generative  # noqa: E402
+from tutorials.data import epileptic_seizure as data  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("method", "pategan", ["pategan", "dpgan", "real"], "Which generator.")
+flags.DEFINE_float("target_epsilon", 1.0, "Privacy budget (nats) at --delta; inf: no noise.")
+flags.DEFINE_float("delta", 1e-5, "Delta of the privacy guarantee.")
+flags.DEFINE_integer("seed", 0, "Public seed: weights, latent noise, partition, evaluation.")
+flags.DEFINE_string("output_dir", None, "Where synthetic.csv.gz and results.json go.")
+flags.DEFINE_boolean("validation", False,
+                     "Train on 80% of the training split, evaluate on its other 20%.")
+flags.DEFINE_float("positive_fraction", 0.5,
+                   "Public fraction of label-1 rows in the released table (not from the data).")
+flags.DEFINE_integer("latent_dim", 32, "Noise dimensions.")
+flags.DEFINE_list("generator_hidden", ["128", "128"], "Hidden widths of the MLP generator.")
+# PATE-GAN
+flags.DEFINE_integer("iterations", 2000, "PATE-GAN iterations.")
+flags.DEFINE_integer("num_teachers", 200, "Teacher discriminators (disjoint shards).")
+flags.DEFINE_list("teacher_hidden", ["16"], "Hidden widths of each teacher MLP.")
+flags.DEFINE_integer("teacher_batch_size", 16, "Real (and fake) rows per teacher step.")
+flags.DEFINE_integer("teacher_steps", 1, "Teacher steps per iteration.")
+flags.DEFINE_integer("student_steps", 1, "Student steps per iteration.")
+flags.DEFINE_integer("student_batch_size", 32, "Teacher-labelled rows per student step.")
+flags.DEFINE_list("student_hidden", ["64"], "Hidden widths of the MLP student.")
+flags.DEFINE_integer("generator_batch_size", 64, "Rows per generator step.")
+flags.DEFINE_float("teacher_learning_rate", 1e-3, "Adam learning rate of the teachers.")
+flags.DEFINE_float("student_learning_rate", 1e-3, "Adam learning rate of the student.")
+flags.DEFINE_float("generator_learning_rate", 1e-3, "Adam learning rate of the generator.")
+flags.DEFINE_enum("vote", "rank", ["threshold", "rank"], "How teachers vote (PATEGAN).")
+flags.DEFINE_float("vote_fraction", 0.5, "Fraction of a query batch voted real (vote=rank).")
+flags.DEFINE_float("query_noise", 0.0, "Std of public noise added to the student's queries.")
+flags.DEFINE_boolean("teacher_class_balance", True,
+                     "Class-balanced teacher minibatches, each from the teacher's own shard.")
+# DP-GAN
+flags.DEFINE_integer("dpgan_steps", 2000, "DP-GAN generator steps.")
+flags.DEFINE_integer("discriminator_steps", 1, "DP-GAN discriminator steps per generator step.")
+flags.DEFINE_float("batch_size", 64.0, "DP-GAN expected Poisson batch size.")
+flags.DEFINE_float("l2_norm_clip", 1.0, "DP-GAN per-example clipping norm.")
+flags.DEFINE_list("discriminator_hidden", ["64"], "Hidden widths of the DP-GAN discriminator.")
+flags.DEFINE_float("discriminator_learning_rate", 1e-3, "DP-GAN discriminator learning rate.")
+flags.DEFINE_integer("log_every", 200, "Log every this many iterations.")
+flags.mark_flag_as_required("output_dir")
+
+
+def _widths(values):
+  return tuple(int(v) for v in values)
+
+
+def _split():
+  """``(train, evaluation)``: the training split and the test split, or (--validation) 80%
+  and 20% of the training split (the test split is then never read)."""
+  x, y = data.load()
+  train, test = data.split(x, y)
+  if FLAGS.validation:
+    return data.split(*train, seed=data.SPLIT_SEED + 1)
+  return train, test
+
+
+def _generator():
+  return generative.mlp_generator(FLAGS.latent_dim, 2, (data.NUM_FEATURES,),
+                                  hidden=_widths(FLAGS.generator_hidden))
+
+
+def _train_pategan(u, y, private):
+  queries = FLAGS.iterations * FLAGS.student_steps * FLAGS.student_batch_size
+  noise = (generative.noise_scale_for_budget(FLAGS.target_epsilon, queries, FLAGS.delta)
+           if private else None)
+  print(f"PATE-GAN: N={len(u)} teachers={FLAGS.num_teachers} (shards of ~"
+        f"{len(u) // FLAGS.num_teachers}) answers planned={queries} GNMax sigma={noise} votes",
+        flush=True)
+  generator = _generator()
+  student = generative.mlp_discriminator(2, (data.NUM_FEATURES,),
+                                         hidden=_widths(FLAGS.student_hidden))
+  gan = generative.PATEGAN(
+      generator, student, latent_dim=FLAGS.latent_dim, num_teachers=FLAGS.num_teachers,
+      num_classes=2, noise_scale=noise, teacher_hidden=_widths(FLAGS.teacher_hidden),
+      teacher_batch_size=FLAGS.teacher_batch_size, teacher_steps=FLAGS.teacher_steps,
+      student_steps=FLAGS.student_steps, student_batch_size=FLAGS.student_batch_size,
+      generator_batch_size=FLAGS.generator_batch_size,
+      teacher_learning_rate=FLAGS.teacher_learning_rate,
+      student_learning_rate=FLAGS.student_learning_rate,
+      generator_learning_rate=FLAGS.generator_learning_rate, seed=FLAGS.seed,
+      partition_seed=FLAGS.seed, vote=FLAGS.vote, vote_fraction=FLAGS.vote_fraction,
+      teacher_class_balance=FLAGS.teacher_class_balance, query_noise=FLAGS.query_noise,
+      delta=FLAGS.delta)
+  run = gan.fit(u, y, iterations=FLAGS.iterations,
+                target_epsilon=FLAGS.target_epsilon if private else None,
+                log_every=FLAGS.log_every)
+  info = {"epsilon_kind": ("data-independent (PateAccountant.data_independent_epsilon, "
+                           "replace-one adjacency; publishable)" if private else
+                           "inf (no noise)"),
+          "gnmax_sigma": noise, "pate_answers": run["queries"],
+          "iterations_done": run["iterations"], "stopped_by_budget": run["stopped_by_budget"]}
+  return generator, run["epsilon"], info
+
+
+def _train_dpgan(u, y, private):
+  n = len(u)
+  q = FLAGS.batch_size / n
+  steps = FLAGS.dpgan_steps * FLAGS.discriminator_steps
+  sigma = (calibration.compute_noise_multiplier(FLAGS.target_epsilon, FLAGS.delta, q, steps)
+           if private else 0.0)
+  print(f"DP-GAN: N={n} q={q:.5f} discriminator steps={steps} noise_multiplier={sigma:.4f}",
+        flush=True)
+  generator = _generator()
+  discriminator = generative.mlp_discriminator(2, (data.NUM_FEATURES,),
+                                               hidden=_widths(FLAGS.discriminator_hidden))
+  gan = generative.DPGAN(
+      generator, discriminator, latent_dim=FLAGS.latent_dim, num_classes=2,
+      l2_norm_clip=FLAGS.l2_norm_clip, noise_multiplier=sigma,
+      expected_batch_size=FLAGS.batch_size, discriminator_steps=FLAGS.discriminator_steps,
+      discriminator_learning_rate=FLAGS.discriminator_learning_rate,
+      generator_learning_rate=FLAGS.generator_learning_rate, seed=FLAGS.seed,
+      delta=FLAGS.delta)
+  run = gan.fit(u, y, generator_steps=FLAGS.dpgan_steps,
+                target_epsilon=FLAGS.target_epsilon if private else None,
+                log_every=FLAGS.log_every)
+  info = {"epsilon_kind": ("DP-SGD RDP accountant (add-or-remove-one adjacency; publishable)"
+                           if private else "inf (no noise)"),
+          "noise_multiplier": sigma, "discriminator_steps_done": run["discriminator_steps"],
+          "stopped_by_budget": run["stopped_by_budget"]}
+  return generator, run["epsilon"], info
+
+
+def release(generator, num_rows, positive_fraction, seed):
+  """The released table from the generator alone: ``(x counts [n, 178], y [n])``.
+
+  Labels: ``y_i = 1`` for the first ``round(positive_fraction * n)`` rows, then shuffled by
+  ``seed`` (public; never the private label counts).  Features: generator output in [0, 1]
+  mapped back to counts (:func:`data.from_unit`).
+  """
+  rng = np.random.default_rng(seed)
+  y = (np.arange(num_rows) < round(positive_fraction * num_rows)).astype(np.int64)
+  rng.shuffle(y)
+  u, _ = generative.sample(generator, num_rows, labels=y, seed=seed)
+  return data.from_unit(u), y
+
+
+def write_csv(path, x, y):
+  with gzip.open(path, "wt", encoding="ascii", compresslevel=6) as handle:
+    handle.write(",".join((*data.COLUMNS, "y")) + "\n")
+    for row, label in zip(x.astype(np.int64), y):
+      handle.write(",".join(map(str, row)) + f",{int(label)}\n")
+
+
+def main(argv):
+  del argv
+  start = time.time()
+  if not 0.0 <= FLAGS.positive_fraction <= 1.0:
+    raise ValueError(f"--positive_fraction must be in [0, 1], got {FLAGS.positive_fraction}.")
+  os.makedirs(FLAGS.output_dir, exist_ok=True)
+  keras.utils.set_random_seed(FLAGS.seed)
+  (x, y), (x_eval, y_eval) = _split()
+  private = FLAGS.target_epsilon != math.inf
+  generator, info = None, {}
+  if FLAGS.method == "real":
+    x_syn, y_syn, epsilon = x, y, math.inf
+    info = {"epsilon_kind": "inf (the real training rows themselves)"}
+  else:
+    u = data.to_unit(x)  # public, data-independent map: no privacy cost
+    train = _train_pategan if FLAGS.method == "pategan" else _train_dpgan
+    generator, epsilon, info = train(u, y, private)
+    path = os.path.join(FLAGS.output_dir, "generator.keras")
+    generator.save(path)
+    # Below: only the saved generator is used for the release.
+    x_syn, y_syn = release(keras.models.load_model(path, compile=False), len(x),
+                           FLAGS.positive_fraction, FLAGS.seed)
+  train_seconds = time.time() - start
+  write_csv(os.path.join(FLAGS.output_dir, "synthetic.csv.gz"), x_syn, y_syn)
+  tstr = generative.tstr_tabular(x_syn, y_syn, x_eval, y_eval, seed=FLAGS.seed)
+  frechet = generative.frechet_distance_from_features(data.to_unit(x_syn),
+                                                      data.to_unit(x_eval))
+  results = {
+      "method": FLAGS.method, "epsilon": epsilon, "delta": FLAGS.delta, **info,
+      "evaluated_on": "validation (20% of the training split)" if FLAGS.validation
+                      else "test split",
+      "tstr_auroc_mean": tstr["auroc_mean"], "tstr_auprc_mean": tstr["auprc_mean"],
+      "tstr_auroc": tstr["auroc"], "tstr_auprc": tstr["auprc"],
+      "frechet_distance_unit_scale": frechet,
+      "train_rows": len(x), "evaluation_rows": len(x_eval), "synthetic_rows": len(x_syn),
+      "train_seconds": round(train_seconds, 1),
+      "total_seconds": round(time.time() - start, 1),
+      "flags": {name: FLAGS[name].value for name in (
+          "method", "target_epsilon", "seed", "validation", "positive_fraction", "latent_dim",
+          "generator_hidden", "iterations", "num_teachers", "teacher_hidden",
+          "teacher_batch_size", "teacher_steps", "student_steps", "student_batch_size",
+          "student_hidden", "generator_batch_size", "teacher_learning_rate",
+          "student_learning_rate", "generator_learning_rate", "vote", "vote_fraction",
+          "teacher_class_balance", "query_noise",
+          "dpgan_steps", "discriminator_steps", "batch_size", "l2_norm_clip",
+          "discriminator_hidden", "discriminator_learning_rate")},
+  }
+  with open(os.path.join(FLAGS.output_dir, "results.json"), "w", encoding="utf-8") as handle:
+    json.dump(results, handle, indent=2)
+  print(f"final: method={FLAGS.method} epsilon={epsilon:.4f} ({info['epsilon_kind']}) "
+        f"delta={FLAGS.delta:g} TSTR AUROC={tstr['auroc_mean']:.4f} "
+        f"AUPRC={tstr['auprc_mean']:.4f} per classifier AUROC="
+        f"{json.dumps({k: round(v, 4) for k, v in tstr['auroc'].items()})} "
+        f"train_seconds={train_seconds:.0f} total_seconds={results['total_seconds']:.0f}",
+        flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)
