@@ -1,5 +1,5 @@
-"""Fast-path rules for GroupNormalization and Conv1D after an Embedding, and what the recurrent
-layers do (per-example replay): per-example norms and clipped sums against a per-example
+"""Fast-path rules for GroupNormalization, Conv1D after an Embedding and the recurrent layers
+(SimpleRNN, LSTM, GRU): per-example norms and clipped sums against a per-example
 ``tf.GradientTape`` loop, and removing one example moves the clipped sum by at most C (and by
 more than C/2 where clipping binds)."""
 import keras
@@ -121,11 +121,10 @@ def _check_model(model, x, y, clip=CLIP):
 def test_tanh_cnn_with_group_normalization_takes_rules_only():
   keras.utils.set_random_seed(5)
   model = keras.Sequential([
-      keras.Input((8, 8, 3)), keras.layers.Conv2D(8, 3, padding="same"),
-      keras.layers.GroupNormalization(groups=4), keras.layers.Activation("tanh"),
-      keras.layers.MaxPooling2D(), keras.layers.Conv2D(8, 3, activation="tanh"),
-      keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
-  x = _x(8, 8, 8, 3, scale=2.0)
+      keras.Input((6, 6, 2)), keras.layers.Conv2D(4, 3, padding="same"),
+      keras.layers.GroupNormalization(groups=2), keras.layers.Activation("tanh"),
+      keras.layers.MaxPooling2D(), keras.layers.Flatten(), keras.layers.Dense(4)])
+  x = _x(8, 6, 6, 2, scale=2.0)
   y = tf.constant(RNG.integers(0, 4, 8))
   assert _check_model(model, x, y) == []
 
@@ -141,16 +140,91 @@ def test_text_cnn_conv1d_after_embedding_takes_rules_only():
   assert _check_model(model, x, y, clip=0.05) == []
 
 
-@pytest.mark.slow  # 15-20 s each on 2 cores (pfor of the recurrent loop)
-@pytest.mark.parametrize("kind", ["SimpleRNN", "GRU", "LSTM"])
-def test_recurrent_layers_are_replayed_per_example_and_exact(kind):
-  # No rule for the recurrent layers: their weights act at every time step inside a loop, so
-  # the fast path replays the layer's exact call on each example alone (per-example gradients
-  # of that layer only); the rest of the model keeps its rules.
+RECURRENT_CASES = [
+    ("simple_rnn", lambda: keras.layers.SimpleRNN(3), lambda: _x(6, 5, 4)),
+    ("simple_rnn_sequences_backwards", lambda: keras.layers.SimpleRNN(
+        3, return_sequences=True, go_backwards=True, activation="relu"), lambda: _x(6, 5, 4)),
+    ("lstm", lambda: keras.layers.LSTM(3), lambda: _x(6, 5, 4)),
+    ("lstm_sequences_no_bias", lambda: keras.layers.LSTM(2, return_sequences=True,
+                                                         use_bias=False), lambda: _x(4, 6, 3)),
+    ("gru", lambda: keras.layers.GRU(3), lambda: _x(6, 5, 4)),
+    ("gru_sequences_backwards_unrolled", lambda: keras.layers.GRU(
+        2, return_sequences=True, go_backwards=True, unroll=True), lambda: _x(4, 4, 3)),
+    ("gru_no_bias", lambda: keras.layers.GRU(3, use_bias=False), lambda: _x(4, 5, 2)),
+]
+
+
+@pytest.mark.parametrize("num_microbatches", [None, 2])
+@pytest.mark.parametrize("name, make_layer, make_inputs", RECURRENT_CASES,
+                         ids=[c[0] for c in RECURRENT_CASES])
+def test_recurrent_rule_matches_per_example_reference(name, make_layer, make_inputs,
+                                                      num_microbatches):
+  inputs = make_inputs()
+  layer = _built(make_layer(), inputs)
+  assert lookup_rule(layer) is not None
+  check_layer_rule(layer, inputs, num_microbatches=num_microbatches)  # asserts inside
+
+
+@pytest.mark.parametrize("kind", ["SimpleRNN", "LSTM", "GRU"])
+def test_text_rnn_takes_rules_only(kind):
   keras.utils.set_random_seed(7)
   model = keras.Sequential([
       keras.Input((6,), dtype="int32"), keras.layers.Embedding(20, 4),
       getattr(keras.layers, kind)(5), keras.layers.Dense(3)])
   x = tf.constant(RNG.integers(0, 20, (8, 6)).astype(np.int32))
   y = tf.constant(RNG.integers(0, 3, 8))
+  assert _check_model(model, x, y, clip=0.05) == []
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_masked_text_rnn_is_exact(kind):
+  # Padding id 0 masked by the Embedding: masked steps carry the state over.
+  keras.utils.set_random_seed(8)
+  model = keras.Sequential([
+      keras.Input((6,), dtype="int32"), keras.layers.Embedding(20, 4, mask_zero=True),
+      getattr(keras.layers, kind)(5), keras.layers.Dense(3)])
+  tokens = RNG.integers(1, 20, (8, 6))
+  tokens[:, 4:] = 0
+  tokens[0, 2:] = 0
+  x = tf.constant(tokens.astype(np.int32))
+  y = tf.constant(RNG.integers(0, 3, 8))
+  assert _check_model(model, x, y, clip=0.05) == []
+
+
+def test_recurrent_rule_declines_dropout_state_and_reset_before():
+  inputs = _x(4, 5, 3)
+  for layer in [keras.layers.LSTM(2, dropout=0.5), keras.layers.SimpleRNN(2, recurrent_dropout=0.5),
+                keras.layers.GRU(2, return_state=True), keras.layers.GRU(2, reset_after=False)]:
+    layer(inputs)
+    assert lookup_rule(layer)(layer, inputs) is None, layer.get_config()
+
+
+@pytest.mark.slow  # 15 s (pfor of the recurrent loop in the replay)
+def test_declined_recurrent_configuration_is_replayed_exactly():
+  keras.utils.set_random_seed(9)
+  model = keras.Sequential([
+      keras.Input((6,), dtype="int32"), keras.layers.Embedding(20, 4),
+      keras.layers.GRU(5, reset_after=False), keras.layers.Dense(3)])
+  x = tf.constant(RNG.integers(0, 20, (8, 6)).astype(np.int32))
+  y = tf.constant(RNG.integers(0, 3, 8))
   assert _check_model(model, x, y, clip=0.05) == [model.layers[1].name]
+
+
+def test_check_layer_rule_checks_the_clipped_sum_the_rule_returns():
+  # The recurrent rule's clipped sum is its own (its probe does not depend on the weights, so a
+  # VJP through it would be zero): check_layer_rule checks the sum the fast path would use.
+  from tf_dpkit.clipping.rules import LayerTrace, register_layer_rule
+  from tf_dpkit.clipping.rules.group_normalization import group_normalization_rule
+
+  class Doubled(keras.layers.GroupNormalization):
+    pass
+
+  def wrong_sum(layer, inputs):
+    trace = group_normalization_rule(layer, inputs)
+    return LayerTrace(trace.outputs, trace.watched, trace.squared_norms,
+                      lambda factors: [2.0 * s for s in trace.clipped_sum(factors)])
+  register_layer_rule(Doubled, wrong_sum)
+  inputs = _x(4, 3, 3, 4)
+  layer = _built(Doubled(groups=2), inputs)
+  with pytest.raises(AssertionError, match="clipped sum .book-keeping clipped_sum. differs"):
+    check_layer_rule(layer, inputs)

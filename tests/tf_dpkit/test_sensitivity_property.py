@@ -2,7 +2,7 @@
 by at most C (relative tolerance 1e-5), on every clipping path.
 
 Models are drawn from the supported layer set: Dense, Conv2D, DepthwiseConv2D, Embedding with
-and without masks, SimpleRNN / GRU / LSTM, LayerNormalization, GroupNormalization (no rule),
+and without masks, SimpleRNN / GRU / LSTM, LayerNormalization, GroupNormalization,
 MultiHeadAttention, a custom layer with a registered rule, custom layers without one (one of
 them ``training``-dependent), a layer called twice (shared weights), and two-input models.
 Models with a weightless layer drawn from a small family that mixes the examples of a batch

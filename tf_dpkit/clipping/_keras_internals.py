@@ -217,3 +217,10 @@ def logs_for_multi_worker(logs):
   return tf.nest.map_structure(
       lambda v: tf.reshape(v, [1]) if isinstance(v, tf.Tensor) and v.shape.rank == 0 else v,
       logs)
+
+
+def rnn_loop():
+  """Keras's backend recurrence ``rnn(step, sequences, initial_states, go_backwards, mask,
+  unroll, input_length, zero_output_for_mask, return_all_outputs)``, the loop its RNN layers
+  run (masks, reversal and zeroed outputs handled exactly as the layers do)."""
+  return keras_backend.rnn

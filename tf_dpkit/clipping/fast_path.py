@@ -312,6 +312,26 @@ def check_fast_path_model(model):
   return graph
 
 
+def _rule_input(args, kwargs):
+  """The one input a rule is called with, or None when the call has other arguments.
+
+  A rule takes one tensor (its Keras mask attached) and runs in training mode: a call whose
+  keyword arguments are ``training``, ``None`` values, or a ``mask`` (attached to a copy of the
+  input, where a recurrent rule reads it) qualifies; anything else is replayed as called.
+  """
+  if len(args) != 1 or not isinstance(args[0], tf.Tensor):
+    return None
+  other = {k: v for k, v in kwargs.items() if v is not None and k != "training"}
+  if set(other) - {"mask"}:
+    return None
+  inputs = args[0]
+  mask = other.get("mask")
+  if mask is not None and internals.keras_mask(inputs) is not mask:
+    inputs = tf.identity(inputs)
+    internals.set_keras_mask(inputs, mask)
+  return inputs
+
+
 def forward_with_rules(model, graph, x, batch):
   """The fast path's forward phase: runs ``graph`` on ``x`` with each trainable layer executed
   by its rule (or recorded for replay), under the caller's persistent ``GradientTape``.
@@ -332,8 +352,9 @@ def forward_with_rules(model, graph, x, batch):
       if not getattr(layer, "trainable_weights", None):
         return default(*args, **kwargs)
       rule = lookup_rule(layer)
-      if rule is not None and len(args) == 1 and not kwargs:
-        trace = _run_rule(rule, layer, args[0], finite_examples)
+      rule_input = _rule_input(args, kwargs) if rule is not None else None
+      if rule_input is not None:
+        trace = _run_rule(rule, layer, rule_input, finite_examples)
         if trace is not None:
           records.append((layer, trace))
           return trace.outputs

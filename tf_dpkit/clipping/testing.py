@@ -6,8 +6,9 @@ measure by brute force how far one example moves a clipped sum (:func:`removal_s
 
 The reference is brute force: for every example, the gradient of ``<layer(x_i), r_i>`` (``r``
 a fixed random cotangent) with respect to the layer's trainable variables, from its own tape,
-summed within microbatches.  The rule must give the same squared norms, and the fast path's
-VJP with clip factors the same clipped sum.
+summed within microbatches.  The rule must give the same squared norms, and the clipped sum the
+fast path would form (the rule's ``clipped_sum`` where it returns one, else the VJP through
+``watched`` with the clip factors) the same clipped sum.
 """
 from __future__ import annotations
 
@@ -73,12 +74,16 @@ def check_layer_rule(layer, inputs, num_microbatches=None, l2_norm_clip=None, rt
   factors = clip_factors(tf.constant(norms, tf.float32), clip).numpy()
   ref_sum = [sum(factors[j] * grouped[j][v] for j in range(groups)) for v in range(len(variables))]
   weights = np.repeat(factors, k).reshape([batch] + [1] * (g.shape.rank - 1)).astype(np.float32)
-  candidates = {"VJP": tape.gradient(trace.watched, variables, output_gradients=g * weights)}
-  del tape
+  # The clipped sum the fast path would use: the rule's own clipped_sum where it gives one,
+  # else the vector-Jacobian product through ``watched``.
+  candidates = {}
   if trace.clipped_sum is not None:
     reused = trace.clipped_sum(tf.constant(factors))
     if reused is not None:
       candidates["book-keeping clipped_sum"] = reused
+  if not candidates:
+    candidates["VJP"] = tape.gradient(trace.watched, variables, output_gradients=g * weights)
+  del tape
   errors = []
   for how, grads in candidates.items():
     for got, want in zip(grads, ref_sum):
