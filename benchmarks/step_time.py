@@ -49,6 +49,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+import build_info  # noqa: E402
 import models as bench_models  # noqa: E402
 import tf_dpkit  # noqa: E402
 
@@ -308,12 +309,13 @@ def main(argv):
           "tensorflow": tf.__version__, "keras": keras.__version__, "cpu_count": os.cpu_count(),
           "cpu": cpu_description(),
           **({"gpu": device_description("GPU")} if gpu_wanted else {}),
+          "build": build_info.build(),
           "reps": FLAGS.reps, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
   os.makedirs(FLAGS.out, exist_ok=True)
   with open(os.path.join(FLAGS.out, "step_time.json"), "w") as f:
     json.dump({"meta": meta, "rows": rows}, f, indent=1)
   with open(os.path.join(FLAGS.out, "step_time.md"), "w") as f:
-    f.write(f"Command: `{meta['command']}`  \nTensorFlow {meta['tensorflow']}, Keras "
+    f.write(f"{build_info.header()}\nCommand: `{meta['command']}`  \nTensorFlow {meta['tensorflow']}, Keras "
             f"{meta['keras']}, Python {meta['python']}, {meta['cpu_count']} CPUs ({meta['cpu']}), "
             f"{gpu_note(meta)}{meta['reps']} interleaved reps, {meta['date']}.\n\n{table}\n")
 

@@ -1,11 +1,14 @@
 """Step time of the card's loop: the optimizer swap against private_gradients and Adam.
 
-    python benchmarks/swap_path.py                       # MNIST CNN, batch 256, 12 reps
-    python benchmarks/swap_path.py --batch_size=1024 --reps=10
+    python benchmarks/swap_path.py                       # every benchmark model, batch 256, 1024
+    python benchmarks/swap_path.py --models=mnist_cnn --batch_sizes=256 --reps=12
     TF_ENABLE_ONEDNN_OPTS=1 python benchmarks/swap_path.py
+    TF_DPKIT_NATIVE=0 python benchmarks/swap_path.py     # tf_dpkit's compiled kernels off
 
-Three ``tf.function`` steps of the same model (the tutorials' MNIST CNN; ``keras.Sequential``
-for the non-private step, ``tf_dpkit.DPSequential`` for the DP ones) on the same batch, timed interleaved rep by rep in one process:
+For each model of ``benchmarks/models.py`` and batch size, three ``tf.function`` steps with the
+same initial weights (the plain Keras model for the non-private step, the same graph as
+``tf_dpkit.DPModel(model.input, model.output)`` for the DP ones) on the same batch, timed
+interleaved rep by rep in one process:
 
 * ``non_private``: ``keras.optimizers.Adam``; ``tape.gradient`` of the mean loss and ``apply``;
 * ``swap``: the card's loop, ``tf_dpkit.DPAdamGaussianOptimizer`` and
@@ -14,12 +17,12 @@ for the non-private step, ``tf_dpkit.DPSequential`` for the DP ones) on the same
 * ``private_gradients``: ``tf_dpkit.private_gradients(optimizer, model, loss_fn, x, y)`` then
   ``optimizer.apply(grads, model.trainable_variables)``.
 
-Prints the median and best milliseconds per step and each one's ratio to ``non_private``.
+Prints the median and best milliseconds per step and each one's ratio to ``non_private``
+(medians), after a header stating the build (``build_info``: CPU, oneDNN, compiled kernels).
 """
 from __future__ import annotations
 
 import os
-import platform
 import sys
 import time
 
@@ -31,26 +34,30 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+import build_info  # noqa: E402
 import models as bench_models  # noqa: E402
 import tf_dpkit  # noqa: E402
 
-flags.DEFINE_integer("batch_size", 256, "Batch size.")
-flags.DEFINE_integer("reps", 12, "Timed steps per method (interleaved).")
+flags.DEFINE_list("models", list(bench_models.MODELS), "Models (benchmarks/models.py).")
+flags.DEFINE_list("batch_sizes", ["256", "1024"], "Batch sizes.")
+flags.DEFINE_integer("reps", 8, "Timed steps per method (interleaved).")
+flags.DEFINE_string("out", None, "Markdown file to write the table to (default: print only).")
 flags.DEFINE_integer("warmup", 3, "Untimed steps per method after tracing.")
 FLAGS = flags.FLAGS
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
 
-def _model(cls=tf_dpkit.DPSequential):
-  keras.utils.set_random_seed(0)
-  return cls(bench_models.cnn_layers(keras))
+def _model(name, private=True):
+  keras.utils.set_random_seed(0)  # the same initial weights for every method
+  model = bench_models.build(name)
+  return tf_dpkit.DPModel(model.input, model.output) if private else model
 
 
-def _steps():
+def _steps(name):
   steps = {}
 
-  model = _model(keras.Sequential)  # a plain Keras model: nothing traced
+  model = _model(name, private=False)  # a plain Keras model: nothing traced
   adam = keras.optimizers.Adam(1e-3)
 
   @tf.function
@@ -60,7 +67,7 @@ def _steps():
     adam.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
   steps["non_private"] = non_private
 
-  swap_model = _model()
+  swap_model = _model(name)
   swap_opt = tf_dpkit.DPAdamGaussianOptimizer(l2_norm_clip=1.0, noise_multiplier=1.1,
                                               learning_rate=1e-3)
 
@@ -71,7 +78,7 @@ def _steps():
     swap_opt.minimize(loss, swap_model.trainable_variables, tape=tape)
   steps["swap"] = swap
 
-  pg_model = _model()
+  pg_model = _model(name)
   pg_opt = tf_dpkit.DPAdamGaussianOptimizer(l2_norm_clip=1.0, noise_multiplier=1.1,
                                             learning_rate=1e-3)
 
@@ -84,28 +91,34 @@ def _steps():
 
 
 def main(_):
-  x, y = bench_models.batch_for("mnist_cnn", FLAGS.batch_size)
-  x, y = tf.constant(x), tf.constant(y)
-  steps = _steps()
-  for step in steps.values():
-    for _ in range(1 + FLAGS.warmup):
-      step(x, y)
-  times = {name: [] for name in steps}
-  for _ in range(FLAGS.reps):
-    for name, step in steps.items():
-      start = time.perf_counter()
-      step(x, y)
-      times[name].append(time.perf_counter() - start)
-  base = np.median(times["non_private"])
-  print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, {platform.processor() or ''} "
-        f"{os.cpu_count()} CPUs, TF_ENABLE_ONEDNN_OPTS="
-        f"{os.environ.get('TF_ENABLE_ONEDNN_OPTS', '(unset)')}, batch {FLAGS.batch_size}, "
-        f"{FLAGS.reps} reps")
-  print("| method | median ms/step | best ms/step | median / non_private |")
-  print("|---|---|---|---|")
-  for name, values in times.items():
-    print(f"| {name} | {1e3 * np.median(values):.1f} | {1e3 * np.min(values):.1f} | "
-          f"{np.median(values) / base:.2f}x |")
+  lines = ["| model | batch | non_private ms (median / best) | swap ms | private_gradients ms "
+           "| swap / non_private | private_gradients / non_private |", "|" + "---|" * 7]
+  for name in FLAGS.models:
+    for batch in (int(b) for b in FLAGS.batch_sizes):
+      x, y = bench_models.batch_for(name, batch)
+      x, y = tf.constant(x), tf.constant(y)
+      steps = _steps(name)
+      for step in steps.values():
+        for _ in range(1 + FLAGS.warmup):
+          step(x, y)
+      times = {method: [] for method in steps}
+      for _ in range(FLAGS.reps):
+        for method, step in steps.items():
+          start = time.perf_counter()
+          step(x, y)
+          times[method].append(time.perf_counter() - start)
+      ms = {m: (1e3 * np.median(t), 1e3 * np.min(t)) for m, t in times.items()}
+      base = ms["non_private"][0]
+      line = (f"| {name} | {batch} | " + " | ".join(f"{a:.1f} / {b:.1f}" for a, b in ms.values())
+              + f" | {ms['swap'][0] / base:.2f}x | {ms['private_gradients'][0] / base:.2f}x |")
+      lines.append(line)
+      print(line, flush=True)
+  text = (build_info.header() + f"\n{FLAGS.reps} timed steps per method after {FLAGS.warmup} "
+          "warm-up steps, interleaved; ratios of medians.\n\n" + "\n".join(lines) + "\n")
+  print(text)
+  if FLAGS.out:
+    with open(FLAGS.out, "w") as f:
+      f.write(text)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,134 @@
+"""Seconds per ``fit`` epoch: DP (``tf_dpkit.DPModel``) against non-private Keras.
+
+    python benchmarks/fit_epoch.py                         # text_cnn and cifar_groupnorm, B 256, 1024
+    TF_ENABLE_ONEDNN_OPTS=1 python benchmarks/fit_epoch.py
+    TF_DPKIT_NATIVE=0 python benchmarks/fit_epoch.py       # tf_dpkit's compiled kernels off
+    python benchmarks/fit_epoch.py --rss                   # + peak RSS, one subprocess per fit
+
+For each model (``benchmarks/models.py``) and batch size, two models with the same weights train
+on the same ``--examples`` random examples (in-memory arrays, fixed batches, no shuffling):
+
+* ``non_private``: ``keras.Sequential`` + ``keras.optimizers.Adam``, the batch-mean loss;
+* ``dp``: ``tf_dpkit.DPModel(model.input, model.output)`` + ``tf_dpkit.DPAdamGaussianOptimizer`` (clip 1, noise 1.1,
+  one microbatch per example: the per-layer fast path).
+
+Each is compiled and fitted once (tracing), then the epochs are timed interleaved (non-private,
+DP, non-private, ...), ``--reps`` of each; the table gives the best and median seconds per epoch
+and the ratio of the bests (the least disturbed epochs; other processes share the cores).
+Memory: the TensorFlow CPU allocator's peak over one epoch where the build keeps allocator
+statistics (oneDNN on), and with ``--rss`` the peak RSS of a fresh process that runs only that
+fit (three epochs).  The header states the build (``build_info``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+import build_info  # noqa: E402
+import models as bench_models  # noqa: E402
+import tf_dpkit  # noqa: E402
+
+flags.DEFINE_list("models", ["text_cnn", "cifar_groupnorm"], "Models (benchmarks/models.py).")
+flags.DEFINE_list("batch_sizes", ["256", "1024"], "Batch sizes.")
+flags.DEFINE_integer("examples", 4096, "Examples per epoch.")
+flags.DEFINE_integer("reps", 3, "Timed epochs per configuration (interleaved).")
+flags.DEFINE_boolean("rss", False, "Also measure each fit's peak RSS in a fresh process.")
+flags.DEFINE_string("single", None, "Internal: model:batch:method to run alone for RSS.")
+flags.DEFINE_string("out", None, "Markdown file to write the table to (default: print only).")
+FLAGS = flags.FLAGS
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def make_fit(name, batch_size, method):
+  """``fit()`` running one epoch of ``method`` on ``name``'s data (compiled, not yet traced)."""
+  x, y = bench_models.batch_for(name, FLAGS.examples)
+  keras.utils.set_random_seed(0)  # the same initial weights for both methods
+  model = bench_models.build(name)
+  if method == "non_private":
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=LOSS)
+  else:
+    model = tf_dpkit.DPModel(model.input, model.output)
+    model.compile(optimizer=tf_dpkit.DPAdamGaussianOptimizer(
+        l2_norm_clip=1.0, noise_multiplier=1.1, learning_rate=1e-3), loss=LOSS)
+
+  def fit():
+    model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
+  return fit
+
+
+def allocator_peak_mb(fit):
+  try:
+    tf.config.experimental.reset_memory_stats("CPU:0")
+  except ValueError:
+    return None  # no CPU allocator statistics in this build (oneDNN off)
+  fit()
+  return tf.config.experimental.get_memory_info("CPU:0")["peak"] / 2**20
+
+
+def run_single(spec):
+  name, batch, method = spec.split(":")
+  fit = make_fit(name, int(batch), method)
+  for _ in range(3):
+    fit()
+  print(json.dumps({"rss_peak_mb": build_info.peak_rss_mb()}))
+
+
+def main(_):
+  if FLAGS.single:
+    run_single(FLAGS.single)
+    return
+  lines = ["| model | batch | non-private s/epoch (best / median) | DP s/epoch (best / median) "
+           "| DP / non-private (best) | alloc peak MB (non-private / DP) | x | RSS peak MB "
+           "(non-private / DP) | x |", "|" + "---|" * 9]
+  for name in FLAGS.models:
+    for batch in (int(b) for b in FLAGS.batch_sizes):
+      fits = {m: make_fit(name, batch, m) for m in ("non_private", "dp")}
+      for fit in fits.values():
+        fit()  # trace
+      times = {m: [] for m in fits}
+      for _ in range(FLAGS.reps):
+        for m, fit in fits.items():
+          start = time.perf_counter()
+          fit()
+          times[m].append(time.perf_counter() - start)
+      peaks = {m: allocator_peak_mb(fit) for m, fit in fits.items()}
+      rss = {m: None for m in fits}
+      if FLAGS.rss:
+        for m in fits:
+          out = subprocess.run([sys.executable, __file__, f"--single={name}:{batch}:{m}",
+                                f"--examples={FLAGS.examples}"], capture_output=True, text=True,
+                               check=True).stdout
+          rss[m] = json.loads(out.strip().splitlines()[-1])["rss_peak_mb"]
+      fmt = lambda v: "n/a" if v is None else f"{v:.0f}"
+      ratio = lambda a, b: "n/a" if a is None or b is None else f"{a / b:.2f}"
+      best = {m: min(t) for m, t in times.items()}
+      line = (f"| {name} | {batch} | {best['non_private']:.2f} / "
+              f"{np.median(times['non_private']):.2f} | {best['dp']:.2f} / "
+              f"{np.median(times['dp']):.2f} | {best['dp'] / best['non_private']:.2f}x | "
+              f"{fmt(peaks['non_private'])} / {fmt(peaks['dp'])} | "
+              f"{ratio(peaks['dp'], peaks['non_private'])} | {fmt(rss['non_private'])} / "
+              f"{fmt(rss['dp'])} | {ratio(rss['dp'], rss['non_private'])} |")
+      lines.append(line)
+      print(line, flush=True)
+  text = (build_info.header() + f"\n{FLAGS.examples} examples per epoch, {FLAGS.reps} timed "
+          "epochs per configuration, interleaved.\n\n" + "\n".join(lines) + "\n")
+  print(text)
+  if FLAGS.out:
+    with open(FLAGS.out, "w") as f:
+      f.write(text)
+
+
+if __name__ == "__main__":
+  app.run(main)
