@@ -315,9 +315,8 @@ def main(argv):
   with open(os.path.join(FLAGS.out, "step_time.json"), "w") as f:
     json.dump({"meta": meta, "rows": rows}, f, indent=1)
   with open(os.path.join(FLAGS.out, "step_time.md"), "w") as f:
-    f.write(f"{build_info.header()}\nCommand: `{meta['command']}`  \nTensorFlow {meta['tensorflow']}, Keras "
-            f"{meta['keras']}, Python {meta['python']}, {meta['cpu_count']} CPUs ({meta['cpu']}), "
-            f"{gpu_note(meta)}{meta['reps']} interleaved reps, {meta['date']}.\n\n{table}\n")
+    f.write(f"{build_info.header()}\n{gpu_note(meta)}{meta['reps']} interleaved reps.\n\n"
+            f"{table}\n")
 
 
 if __name__ == "__main__":
