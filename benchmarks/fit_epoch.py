@@ -9,7 +9,7 @@ For each model (``benchmarks/models.py``) and batch size, two models with the sa
 on the same ``--examples`` random examples (in-memory arrays, fixed batches, no shuffling):
 
 * ``non_private``: ``keras.Sequential`` + ``keras.optimizers.Adam``, the batch-mean loss;
-* ``dp``: ``tf_dpkit.DPModel(model.input, model.output)`` + ``tf_dpkit.DPAdamGaussianOptimizer`` (clip 1, noise 1.1,
+* ``dp``: ``tf_dpkit.DPModel(model.inputs[0], model.outputs[0])`` + ``tf_dpkit.DPAdamGaussianOptimizer`` (clip 1, noise 1.1,
   one microbatch per example: the per-layer fast path).
 
 Each is compiled and fitted once (tracing), then the epochs are timed interleaved (non-private,
@@ -59,7 +59,7 @@ def make_fit(name, batch_size, method):
   if method == "non_private":
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=LOSS)
   else:
-    model = tf_dpkit.DPModel(model.input, model.output)
+    model = tf_dpkit.DPModel(model.inputs[0], model.outputs[0])
     model.compile(optimizer=tf_dpkit.DPAdamGaussianOptimizer(
         l2_norm_clip=1.0, noise_multiplier=1.1, learning_rate=1e-3), loss=LOSS)
 

@@ -7,7 +7,7 @@
 
 For each model of ``benchmarks/models.py`` and batch size, three ``tf.function`` steps with the
 same initial weights (the plain Keras model for the non-private step, the same graph as
-``tf_dpkit.DPModel(model.input, model.output)`` for the DP ones) on the same batch, timed
+``tf_dpkit.DPModel(model.inputs[0], model.outputs[0])`` for the DP ones) on the same batch, timed
 interleaved rep by rep in one process:
 
 * ``non_private``: ``keras.optimizers.Adam``; ``tape.gradient`` of the mean loss and ``apply``;
@@ -51,7 +51,7 @@ LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=No
 def _model(name, private=True):
   keras.utils.set_random_seed(0)  # the same initial weights for every method
   model = bench_models.build(name)
-  return tf_dpkit.DPModel(model.input, model.output) if private else model
+  return tf_dpkit.DPModel(model.inputs[0], model.outputs[0]) if private else model
 
 
 def _steps(name):
