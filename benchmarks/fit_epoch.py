@@ -8,9 +8,10 @@
 For each model (``benchmarks/models.py``) and batch size, two models with the same weights train
 on the same ``--examples`` random examples (in-memory arrays, fixed batches, no shuffling):
 
-* ``non_private``: ``keras.Sequential`` + ``keras.optimizers.Adam``, the batch-mean loss;
-* ``dp``: ``tf_dpkit.DPModel(model.inputs[0], model.outputs[0])`` + ``tf_dpkit.DPAdamGaussianOptimizer`` (clip 1, noise 1.1,
-  one microbatch per example: the per-layer fast path).
+* ``non_private``: the Keras model + ``keras.optimizers.Adam``, the batch-mean loss;
+* ``dp``: ``tf_dpkit.DPModel(model.inputs[0], model.outputs[0])`` (its own copy, same weights) +
+  ``tf_dpkit.DPAdamGaussianOptimizer`` (clip 1, noise 1.1, one microbatch per example: the
+  per-layer fast path).
 
 Each is compiled and fitted once (tracing), then the epochs are timed interleaved (non-private,
 DP, non-private, ...), ``--reps`` of each; the table gives the best and median seconds per epoch
