@@ -21,6 +21,7 @@ from analysis import accountants as _accountants
 from tf_dpkit import augmentation as augmentation_lib
 from tf_dpkit import budget as budget_lib
 from tf_dpkit.data import poisson as pipelines
+from tf_dpkit.data import _structure
 from tf_dpkit.optimizers import make_gaussian_optimizer_class
 from tf_dpkit.optimizers import accumulation as accumulation_lib
 from tf_dpkit.optimizers.adaptive_clipping import AdaptiveClipping
@@ -310,7 +311,7 @@ def make_private(data, *, batch_size: int, l2_norm_clip: float, delta: float,
   """
   _checks.check_choice("sampling", sampling, _SAMPLINGS)
   _checks.check_choice("accountant", accountant, _accountants.ACCOUNTANTS)
-  structure, n = pipelines._as_structure(data)  # pylint: disable=protected-access
+  structure, n = _structure.as_structure(data)
   if num_classes is not None:
     if not isinstance(structure, tuple) or len(structure) < 2:
       raise ValueError("num_classes checks the labels y of data=(x, y); data is not a tuple "
