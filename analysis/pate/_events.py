@@ -326,7 +326,8 @@ class ConfidentGNMaxEvent(_CompositeEvent):
   Args:
     votes: per-class vote counts (non-negative integers).
     threshold: T in votes, a finite real.
-    sigma1, sigma2: noise standard deviations in votes, finite and > 0.
+    sigma1: the threshold check's noise standard deviation in votes, finite and > 0.
+    sigma2: the GNMax answer's noise standard deviation in votes, finite and > 0.
     answered: bool, whether the check passed (the teachers answered).
   """
 
