@@ -267,10 +267,8 @@ MAX_MODULE_DOCSTRING_LINES = 35
 # was written: the test reports them as an expected failure (and fails for any other module).
 # Remove a line when its module's docstring is short.
 PENDING_DOCSTRING_MOVES = {
-    "analysis/accountant.py", "analysis/adaptive_clipping.py", "analysis/dp_sgd.py",
-    "analysis/events.py", "analysis/pld_accountant.py", "analysis/rdp_accountant.py",
     "tf_dpkit/clipping/fast_path.py", "tf_dpkit/clipping/independence.py",
-    "tf_dpkit/clipping/swap.py", "tf_dpkit/data/poisson.py",
+    "tf_dpkit/clipping/swap.py",
 }
 
 
