@@ -9,6 +9,8 @@ advance.  (Measured when written: correct 0.0 with either score; noise off 2.55,
 noise every step 2.55 (step_range), averaged clipping 1.84; 3.03 is the most 64 guesses can
 show.)
 """
+import math
+
 import keras
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ import tensorflow as tf
 
 import tf_dpkit
 from analysis import auditing as stats
-from analysis import rdp_accountant
+from analysis import gaussian, rdp_accountant
 from tf_dpkit import auditing
 from tf_dpkit.auditing import broken
 from tf_dpkit.data import poisson_batches
@@ -271,3 +273,84 @@ def test_many_run_audit_of_one_dp_sgd_step(sigma):
   else:
     # 200 of 200 caught, no false positive: the most 200 + 200 runs can show (about 3.98).
     assert audit.epsilon_lower_bound > 3.5
+
+
+# ------------------------------------------------------------------------------------------
+# Dirac canaries: a fixed unit gradient in a coordinate of their own, through DPModel.
+
+
+def _dirac_run(kind, sigma, canaries, steps, normaliser=64.0, lr=0.5, seed=3):
+  """Full-batch training of the Dirac canary model; the recorded head in units lr C / n."""
+  x, y = _data()
+  x, y = x[:32], y[:32]
+  if kind == "dp":
+    optimizer = tf_dpkit.DPGradientDescentGaussianOptimizer(
+        1.0, sigma, learning_rate=lr, expected_batch_size=normaliser, seed=seed)
+    model_class = tf_dpkit.DPModel
+  else:
+    optimizer, model_class = broken.broken_training(
+        kind, l2_norm_clip=1.0, noise_multiplier=sigma, expected_batch_size=normaliser,
+        learning_rate=lr, seed=seed)
+  model = auditing.dirac_canary_model(_base(), canaries.num_canaries, model_class=model_class)
+  model.compile(optimizer, loss=auditing.dirac_loss(scale=10.0))
+  (x_all, index), y_all = auditing.dirac_training_data(x, y, canaries)
+  batch = ((tf.constant(x_all), tf.constant(index)), tf.constant(y_all))
+  recorder = auditing.DiracRecorder()
+  model.fit(tf.data.Dataset.from_tensors(batch).repeat(steps), epochs=1, steps_per_epoch=steps,
+            verbose=0, callbacks=[recorder])
+  return recorder.trajectory * normaliser / lr
+
+
+def test_dirac_canaries_move_exactly_their_own_coordinate_by_c_per_step():
+  # Noise 0: an included canary's coordinate moves by exactly lr C / n each step (clipped
+  # from norm 10 to C = 1), an excluded one's not at all, whatever the real examples do.
+  canaries = auditing.make_canaries(40, CLASSES, seed=2)
+  trajectory = _dirac_run("dp", 0.0, canaries, steps=3)
+  expected = np.outer(np.arange(4), canaries.included.astype(np.float64))
+  np.testing.assert_allclose(trajectory, expected, atol=1e-5)
+
+
+def test_dirac_canary_noise_is_the_claimed_gaussian_and_the_audit_stays_below_it():
+  # Full batch, T steps: each canary's total shift is T [included] + N(0, T sigma^2), so
+  # each inclusion bit is a Gaussian mechanism with mu = sqrt(T) / sigma.
+  m, steps, sigma = 2000, 4, 2.0
+  canaries = auditing.make_canaries(m, CLASSES, seed=4)
+  scores = auditing.canary_scores(_dirac_run("dp", sigma, canaries, steps))
+  shift = scores[canaries.included].mean() - scores[~canaries.included].mean()
+  spread = scores[~canaries.included].std()
+  assert abs(shift - steps) < 4 * sigma * math.sqrt(steps) * math.sqrt(4.0 / m)
+  assert abs(spread / (sigma * math.sqrt(steps)) - 1) < 0.1
+  mu = math.sqrt(steps) / sigma
+  audit = auditing.one_run_audit(scores, canaries.included, 200, delta=DELTA)
+  assert audit.gdp_mu_lower_bound < mu
+  assert audit.fdp_epsilon_lower_bound < gaussian.epsilon_for_delta(1 / mu, DELTA)
+  assert audit.fdp_epsilon_lower_bound == stats.one_run_fdp_epsilon_lower_bound(
+      m, 200, audit.num_correct, DELTA)
+
+
+@pytest.mark.parametrize("kind", ["noise_off", "averaged_clipping"])
+def test_the_dirac_audit_catches_a_broken_pipeline(kind):
+  m, steps = 400, 2
+  sigma = gaussian.noise_multiplier_for_epsilon(1.0, DELTA, count=steps)
+  canaries = auditing.make_canaries(m, CLASSES, seed=6)
+  scores = auditing.canary_scores(_dirac_run(kind, sigma, canaries, steps))
+  audit = auditing.one_run_audit(scores, canaries.included, 100, delta=DELTA)
+  assert audit.epsilon_lower_bound > 1.0 and audit.fdp_epsilon_lower_bound > 1.0
+
+
+def test_dirac_training_data_and_loss():
+  canaries = auditing.CanarySet(np.zeros(3, np.int64), np.array([True, False, True]), 1.0, 2)
+  x = np.ones((2, 3), np.float32)
+  (x_all, index), y_all = auditing.dirac_training_data(x, np.array([1, 0]), canaries)
+  np.testing.assert_array_equal(index, [0, 0, 0, 2])
+  np.testing.assert_array_equal(y_all, [1, 0, -1, -1])
+  np.testing.assert_array_equal(x_all[2:], 0.0)
+  logits = tf.constant([[0.0, 0.0, 5.0], [2.0, 0.0, -3.0]])
+  losses = auditing.dirac_loss(scale=4.0)(tf.constant([-1, 0]), logits).numpy()
+  np.testing.assert_allclose(losses, [-20.0, math.log(1 + math.exp(-2.0))], rtol=1e-6)
+  with pytest.raises(ValueError, match="y must be integer class labels >= 0"):
+    auditing.dirac_training_data(x, np.array([1, -1]), canaries)
+  with pytest.raises(ValueError, match="scale must be"):
+    auditing.dirac_loss(scale=0.0)
+  with pytest.raises(ValueError, match="num_canaries"):
+    auditing.dirac_canary_model(_base(), 1)

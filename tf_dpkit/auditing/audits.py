@@ -6,8 +6,10 @@
   "excluded" (abstaining on the rest) and counts the correct guesses v; if the training run is
   (eps, delta)-DP, v is stochastically dominated by a binomial with success probability
   e^eps / (1 + e^eps) (plus a delta term), which :func:`analysis.auditing.one_run_epsilon_lower_bound`
-  inverts at the given confidence.  The bound holds for any score and any number of guesses
-  fixed before the inclusion bits are looked at.
+  inverts at the given confidence; the same count also gives the f-DP bound of Mahloujifar,
+  Melis & Chaudhuri 2024 (:func:`analysis.auditing.one_run_gdp_lower_bound`, tighter for
+  Gaussian mechanisms such as DP-SGD).  The bounds hold for any score and any number of
+  guesses fixed before the inclusion bits are looked at.
 * :func:`many_run_audit` (Jagielski, Ullman & Oprea 2020): repeated trainings with and without
   one canary; a threshold on the score chosen on one half of the runs, the true- and
   false-positive counts of the other half turned into Clopper-Pearson bounds
@@ -40,6 +42,10 @@ class OneRunAudit:
       show with ``num_guesses`` guesses).
     num_canaries, num_guesses, num_correct: m, r and v.
     delta, confidence: as given.
+    gdp_mu_lower_bound: the f-DP audit's bound (Mahloujifar, Melis & Chaudhuri 2024) on the
+      same guesses: the run is not mu'-GDP for any mu' below it, at the stated confidence.
+    fdp_epsilon_lower_bound: that mu's epsilon at ``delta`` (Gaussian tradeoff curves only;
+      docs/design/auditing.md); None when ``delta`` is 0.
   """
   epsilon_lower_bound: float
   max_epsilon_lower_bound: float
@@ -48,6 +54,8 @@ class OneRunAudit:
   num_correct: int
   delta: float
   confidence: float
+  gdp_mu_lower_bound: float = 0.0
+  fdp_epsilon_lower_bound: float | None = None
 
 
 def one_run_audit(scores, included, num_guesses: int, *, delta: float = 0.0,
@@ -84,7 +92,11 @@ def one_run_audit(scores, included, num_guesses: int, *, delta: float = 0.0,
   correct = int(included[guessed_in].sum() + (~included[guessed_out]).sum())
   bound = _stats.one_run_epsilon_lower_bound(m, r, correct, delta=delta, confidence=confidence)
   best = _stats.max_one_run_epsilon_lower_bound(m, r, delta=delta, confidence=confidence)
-  return OneRunAudit(float(bound), float(best), m, r, correct, float(delta), float(confidence))
+  mu = _stats.one_run_gdp_lower_bound(m, r, correct, confidence=confidence)
+  fdp = None if delta == 0.0 else _stats.one_run_fdp_epsilon_lower_bound(
+      m, r, correct, delta, confidence=confidence)
+  return OneRunAudit(float(bound), float(best), m, r, correct, float(delta), float(confidence),
+                     float(mu), fdp)
 
 
 @dataclasses.dataclass(frozen=True)

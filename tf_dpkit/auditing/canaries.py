@@ -1,30 +1,13 @@
-"""White-box gradient canaries for a one-run audit of DP-SGD (Steinke, Nasr & Jagielski 2023).
+"""White-box gradient canaries for one-run and many-run audits of DP-SGD.
 
-Construction
-------------
-The audited model is the user's classifier ``f`` (one input, ``K`` logits) with a *canary
-head*: a second input, the canary code ``c`` in R^m, and
-
-    logits(x, c) = f(x) + c @ W,        W in R^(m x K), initialised to 0, no bias.
-
-Real examples have ``c = 0``, so they never touch ``W``.  Canary ``j`` is the example
-``(x = 0, c = s e_j, y = y_j)`` with a large ``scale`` s and a label ``y_j``: its gradient on
-row ``j`` of ``W`` is ``s (p - onehot(y_j))``, which no other example's gradient touches.  With
-``s`` large its per-example gradient is far above the clip norm ``C`` and lies almost entirely
-on that row, so after per-example clipping each inclusion of canary ``j`` in a batch moves
-``W[j, y_j]`` up by about ``0.95 lr C / n`` (lr the learning rate, n the normaliser; the 0.95
-is ``(1 - p_y) / ||p - onehot(y_j)||`` with the other classes equally likely) and everything
-else about it is noise.  Such canaries are gradient canaries in otherwise unused coordinates,
-but they go through the model's real input, loss, per-example clipping, noise, normalisation
-and optimizer, so a bug in any of these shows in the audit.
-
-Each canary is *included* in the training set independently with probability 1/2
-(:func:`make_canaries`; the inclusion bits are the auditor's secret); the model trains once on
-the real data plus the included canaries, and a :class:`CanaryRecorder` records
-``W[j, y_j]`` after every step.  :func:`canary_scores` turns the record into one score per
-canary (white-box), and :func:`tf_dpkit.auditing.one_run_audit` guesses the highest scores
-"included" and the lowest "excluded" and turns the number of correct guesses into a lower
-bound on epsilon.  Any score fixed before the guesses are checked gives a valid bound.
+Two canary heads, each giving every canary a coordinate no real example touches, so that a
+canary goes through the model's real loss, per-example clipping, noise, normalisation and
+optimizer: :func:`canary_model` (a logit row per canary, ``logits = f(x) + c @ W``) and
+:func:`dirac_canary_model` (Dirac canaries: a fixed unit gradient ``-scale e_j`` on an
+embedding head, clipped to exactly ``C``).  Each canary is included independently w.p. 1/2
+(:func:`make_canaries`; the bits are the auditor's secret); recorders keep the head after
+every step and :func:`canary_scores` turns that into one score per canary.  Construction and
+the maths: docs/design/auditing.md ("Canaries").
 """
 from __future__ import annotations
 
@@ -208,3 +191,112 @@ def black_box_scores(model: keras.Model, canaries: CanarySet, loss_fn, *,
   x = np.zeros((m,) + shape, np.float32)
   predictions = model([x, canaries.codes()], training=False)
   return -np.asarray(loss_fn(canaries.labels, predictions), np.float64)
+
+
+# ------------------------------------------------------------------------------------------
+# Dirac canaries: each canary's gradient is a fixed unit vector in its own coordinate.
+
+DIRAC_HEAD = "dirac_canary_head"
+
+
+def dirac_canary_model(base: keras.Model, num_canaries: int, *, model_class=None) -> keras.Model:
+  """``base`` plus a Dirac canary head (docs/design/auditing.md, "Dirac canaries").
+
+  Inputs ``[x, index]``: ``index`` an int32 ``[batch]``, canary ``j``'s number for a canary
+  and 0 for a real example.  Output ``[batch, K + 1]``: ``base(x)``'s ``K`` logits followed
+  by ``w[index]``, ``w`` in R^m the head (an ``Embedding(m, 1)`` named ``"dirac_canary_head"``,
+  initialised to 0).  Train it with :func:`dirac_loss`, under which a real example never
+  touches ``w`` and canary ``j``'s gradient is ``-scale e_j`` (on ``w`` only).
+
+  Args:
+    base: a Keras model with one input and ``K`` logits ``[batch, K]``.
+    num_canaries: m, an integer >= 2.
+    model_class: the returned model's class; default ``tf_dpkit.DPModel``.
+  """
+  m = _checks.check_integer("num_canaries", num_canaries, minimum=2)
+  if len(base.inputs) != 1 or len(base.outputs) != 1 or len(base.outputs[0].shape) != 2:
+    raise ValueError("base must be a built Keras model with one input and one output of "
+                     f"logits [batch, K]; got inputs {base.inputs} and outputs {base.outputs}.")
+  if model_class is None:
+    from tf_dpkit.models import DPModel  # pylint: disable=g-import-not-at-top
+    model_class = DPModel
+  x = keras.Input(base.inputs[0].shape[1:], name="x")
+  index = keras.Input((), dtype="int32", name="canary_index")
+  head = keras.layers.Embedding(m, 1, embeddings_initializer="zeros", name=DIRAC_HEAD)
+  outputs = keras.layers.Concatenate(name="logits_and_canary")([base(x), head(index)])
+  return model_class([x, index], outputs)
+
+
+def dirac_loss(scale: float = 10.0):
+  """The per-example loss of :func:`dirac_canary_model`: ``f(y_true, y_pred) -> [batch]``.
+
+  A real example (label ``y >= 0``) has the softmax cross-entropy of ``y_pred[:, :K]``
+  (logits); a canary (label ``-1``) has ``-scale * y_pred[:, K]`` (its head entry ``w_j``),
+  whose gradient is ``-scale e_j``: with ``scale >= C`` it is clipped to exactly ``-C e_j``, so
+  gradient descent moves ``w_j`` up by ``lr C / n`` each time the canary is in a batch and no
+  other example moves ``w_j`` at all.
+
+  Args:
+    scale: > 0, the canary gradient's norm before clipping (default 10; keep it >= the clip
+      norm C so that clipping binds).
+  """
+  scale = _checks.check_finite_positive("scale", scale)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def loss(y_true, y_pred):
+    y_true = tf.reshape(tf.cast(y_true, tf.int32), [-1])
+    logits, canary = y_pred[:, :-1], y_pred[:, -1]
+    is_canary = y_true < 0
+    cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.maximum(y_true, 0), logits=logits)
+    return tf.where(is_canary, -scale * tf.cast(canary, cross_entropy.dtype), cross_entropy)
+  return loss
+
+
+def dirac_training_data(x, y, canaries: CanarySet):
+  """The audited run's training set for :func:`dirac_canary_model`: ``((x_all, index_all),
+  y_all)``, the real ``(x, y)`` with index 0, then each included canary ``j`` as an all-zero
+  ``x`` with index ``j`` and label ``-1``.
+
+  Args:
+    x: real inputs ``[n, ...]``; y: integer labels ``[n]`` in ``[0, K)``.
+    canaries: from :func:`make_canaries` (only ``included`` is used).
+  """
+  x = np.asarray(x)
+  y = np.asarray(y)
+  if x.ndim < 1 or y.ndim != 1 or x.shape[0] != y.shape[0] or x.shape[0] < 1:
+    raise ValueError(f"x and y must hold the same number n >= 1 of examples (y one label per "
+                     f"example), got shapes {x.shape} and {y.shape}.")
+  if not np.issubdtype(y.dtype, np.integer) or np.any(y < 0):
+    raise ValueError("y must be integer class labels >= 0 (-1 marks the canaries).")
+  inside = np.flatnonzero(canaries.included).astype(np.int32)
+  x_all = np.concatenate([x, np.zeros((inside.size,) + x.shape[1:], x.dtype)])
+  index = np.concatenate([np.zeros(x.shape[0], np.int32), inside])
+  y_all = np.concatenate([y.astype(np.int32), np.full(inside.size, -1, np.int32)])
+  return (x_all, index), y_all
+
+
+class DiracRecorder(keras.callbacks.Callback):
+  """Records the Dirac head ``w`` (float64 ``[m]``) before training and after every step;
+  :attr:`trajectory` is ``[steps + 1, m]`` (row t after step t), for :func:`canary_scores`."""
+
+  def __init__(self, layer_name: str = DIRAC_HEAD):
+    super().__init__()
+    self._layer_name = layer_name
+    self._values = []
+
+  def _read(self):
+    table = self.model.get_layer(self._layer_name).embeddings.numpy()
+    self._values.append(table[:, 0].astype(np.float64))
+
+  def on_train_begin(self, logs=None):
+    if not self._values:
+      self._read()
+
+  def on_train_batch_end(self, batch, logs=None):
+    self._read()
+
+  @property
+  def trajectory(self) -> np.ndarray:
+    """``[steps + 1, m]``: row 0 before training, row t after step t."""
+    return np.array(self._values)
