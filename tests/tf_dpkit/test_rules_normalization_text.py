@@ -121,10 +121,11 @@ def _check_model(model, x, y, clip=CLIP):
 def test_tanh_cnn_with_group_normalization_takes_rules_only():
   keras.utils.set_random_seed(5)
   model = keras.Sequential([
-      keras.Input((6, 6, 2)), keras.layers.Conv2D(4, 3, padding="same"),
-      keras.layers.GroupNormalization(groups=2), keras.layers.Activation("tanh"),
-      keras.layers.MaxPooling2D(), keras.layers.Flatten(), keras.layers.Dense(4)])
-  x = _x(8, 6, 6, 2, scale=2.0)
+      keras.Input((8, 8, 3)), keras.layers.Conv2D(8, 3, padding="same"),
+      keras.layers.GroupNormalization(groups=4), keras.layers.Activation("tanh"),
+      keras.layers.MaxPooling2D(), keras.layers.Conv2D(8, 3, activation="tanh"),
+      keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+  x = _x(8, 8, 8, 3, scale=2.0)
   y = tf.constant(RNG.integers(0, 4, 8))
   assert _check_model(model, x, y) == []
 
