@@ -125,7 +125,7 @@ PAGE_SETUP = {
         import keras, tf_dpkit
         base_model = keras.Sequential(small_layers())
         dp_optimizer = tf_dpkit.DPGradientDescentGaussianOptimizer(
-            l2_norm_clip=1.0, noise_multiplier=1.1, learning_rate=0.1, expected_batch_size=256)
+            l2_norm_clip=1.0, noise_multiplier=1.1, learning_rate=0.1, expected_batch_size=64)
         steps = 3
         """,
     "guides/budget.md": _SMALL_MODEL,
@@ -150,13 +150,18 @@ PAGE_SETUP = {
 # (text in the page's blocks, what the test runs instead): placeholders and full-size settings.
 COMMON_SMALL = [("[...layers...]", "small_layers()"), ("[...]", "small_layers()")]
 PAGE_SMALL = {
-    "guides/auditing.md": [("make_canaries(1000,", "make_canaries(20,"),
-                           ("num_guesses=100", "num_guesses=10")],
+    "guides/auditing.md": [("make_canaries(10000,", "make_canaries(20,"),
+                           ("model.fit(batches,",  # the reader's pipeline of the canary data
+                            "model.fit(tf_dpkit.data.poisson_batches(((x_all, index), y_all), "
+                            "expected_batch_size=64, steps=steps),"),
+                           ("num_guesses=400", "num_guesses=10")],
     "guides/budget.md": [("steps=60 * steps_per_epoch", "steps=2 * steps_per_epoch"),
                          ("epochs=60, steps_per_epoch", "epochs=2, steps_per_epoch")],
     "guides/distributed.md": [("epochs=60)", "epochs=1)"),
                               ("tf.distribute.MultiWorkerMirroredStrategy()",
                                "tf.distribute.MirroredStrategy()"),  # no second process here
+                              ("q = 256 / len(x_train)", "q = 16 / len(x_train)"),  # 256 of 512
+                              # would spend a budget of 3 in one step
                               ("steps=60 * steps_per_epoch", "steps=2 * steps_per_epoch"),
                               ("epochs=60, steps_per_epoch", "epochs=2, steps_per_epoch")],
     "guides/generative.md": [("answers = 3000 * 8", "answers = 2 * 8"),
@@ -166,7 +171,8 @@ PAGE_SMALL = {
     "guides/pate.md": [("len(x_private), 250", "len(x_private), 10"),
                        ("TeacherEnsemble(250", "TeacherEnsemble(10"),
                        ("epochs=15", "epochs=1"),
-                       ("threshold=200, sigma1=150", "threshold=8, sigma1=1.5"),
+                       ("threshold=200, sigma1=150", "threshold=0, sigma1=1.5"),  # untrained teachers
+                       # agree too little for a real threshold: answer every query
                        ("sigma2=40", "sigma2=0.4"),
                        ('method="fixmatch"', 'method="fixmatch", steps=2')],
     "guides/published_accuracy.md": [("batch_size=2048, epochs=40", "batch_size=256, epochs=2")],
