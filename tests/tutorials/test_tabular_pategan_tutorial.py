@@ -1,0 +1,58 @@
+"""tutorials/tabular_pategan_tutorial.py end to end on the shipped UCI Epileptic Seizure copy, with
+a few training steps: the released table's format, the publishable epsilon, the TSTR figures.
+Two subprocess runs (PATE-GAN at epsilon 1, DP-GAN at epsilon 10), about a minute each on 2
+cores (TSTR fits four classifiers on 9,200 rows), so in the slow suite."""
+import csv
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(out, *flags):
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+  cmd = [sys.executable, os.path.join(ROOT, "tutorials", "tabular_pategan_tutorial.py"),
+         f"--output_dir={out}", *flags]
+  result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  with open(os.path.join(out, "results.json"), encoding="utf-8") as handle:
+    return json.load(handle)
+
+
+def _table(path):
+  with gzip.open(path, "rt", encoding="ascii") as handle:
+    rows = list(csv.reader(handle))
+  return rows[0], rows[1:]
+
+
+@pytest.mark.slow
+def test_tabular_tutorial_pategan_and_dpgan(tmp_path):
+  from tf_dpkit.generative import pategan  # pylint: disable=g-import-not-at-top
+  results = _run(tmp_path / "pg", "--target_epsilon=1", "--iterations=3", "--num_teachers=20",
+                 "--student_batch_size=8", "--log_every=1")
+  header, rows = _table(tmp_path / "pg" / "synthetic.csv.gz")
+  assert header == [f"X{i}" for i in range(1, 179)] + ["y"]
+  assert len(rows) == 9200 == results["train_rows"] and results["evaluation_rows"] == 2300
+  values = [[int(v) for v in row] for row in rows[:500]]
+  assert all(-2048 <= v <= 2047 for row in values for v in row[:-1])
+  assert sum(int(row[-1]) for row in rows) == 4600  # the public 50% fraction, not the data's
+  # The publishable data-independent epsilon of 3 x 8 GNMax answers at the logged sigma.
+  assert results["pate_answers"] == 24
+  assert results["epsilon"] == pytest.approx(
+      pategan.data_independent_epsilon(24, results["gnmax_sigma"], 1e-5), rel=1e-9)
+  assert 0.99 < results["epsilon"] <= 1.0 and results["delta"] == 1e-5
+  assert "data-independent" in results["epsilon_kind"]
+  assert set(results["tstr_auroc"]) == {"logistic_regression", "random_forest",
+                                        "gradient_boosting", "mlp"}
+  assert 0.0 <= results["tstr_auroc_mean"] <= 1.0 and 0.0 <= results["tstr_auprc_mean"] <= 1.0
+  assert (tmp_path / "pg" / "generator.keras").is_file()
+  results = _run(tmp_path / "dg", "--method=dpgan", "--target_epsilon=10", "--dpgan_steps=3",
+                 "--validation", "--log_every=1")
+  assert results["evaluated_on"].startswith("validation")
+  assert results["train_rows"] == 7360 and results["evaluation_rows"] == 1840
+  assert 9.9 < results["epsilon"] <= 10.0 and results["discriminator_steps_done"] == 3
