@@ -356,7 +356,8 @@ def test_dataset_and_the_same_arrays_give_identical_batches():
 
 
 def test_dataset_of_unknown_cardinality_is_read_in_chunks(monkeypatch):
-  monkeypatch.setattr(poisson, "_READ_CHUNK", 7)  # 40 examples: 6 chunks, concatenated
+  from tf_dpkit.data import _structure  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(_structure, "_READ_CHUNK", 7)  # 40 examples: 6 chunks, concatenated
   feats, y = _features()
   ds = tf.data.Dataset.from_tensor_slices((feats, y)).filter(lambda f, label: True)
   assert ds.cardinality() == tf.data.UNKNOWN_CARDINALITY

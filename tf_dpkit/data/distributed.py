@@ -38,8 +38,8 @@ def distributed_poisson_batches(strategy, data, *, sampling_probability: float |
   * With one data set on every worker (``num_examples=None``) and a shared integer ``seed``,
     all workers draw the same mask, so the global batch of step ``t`` of pass ``p`` is exactly
     ``poisson_batches(data, ..., seed=seed)``'s batch ``t`` of the same pass (every pass
-    draws fresh batches; ``fit`` under a strategy may start at a later pass than a
-    single-device ``fit``, since ``tf.distribute`` can open an iterator first).  With
+    draws fresh batches; a DP model's ``fit`` under a strategy, like a single-device
+    ``fit``, trains pass 0 first, since its build reads the element spec and draws no batch).  With
     ``seed=None`` every worker draws its own secret seed; the union is still a Poisson
     sample, since each example is drawn by one worker only.  With per-worker shards, worker
     ``w``'s draws use stream ``w + 1`` of the seed, so shards never share draws.

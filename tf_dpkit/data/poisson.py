@@ -16,10 +16,6 @@ This module gathers the public names of ``_poisson``, ``shuffle``, ``distributed
 """
 from __future__ import annotations
 
-import sys
-import types
-
-from tf_dpkit.data import _structure
 from tf_dpkit.data._batching import Passes as _Passes  # noqa: F401 (tests count passes)
 from tf_dpkit.data._batching import secret_seed
 from tf_dpkit.data._poisson import PoissonSampling, poisson_batches
@@ -33,18 +29,3 @@ __all__ = ["Pipeline", "PoissonSampling", "accumulation_steps_for_memory", "chec
            "check_finite_features", "pipeline_of", "poisson_batches", "poisson_batches_for_memory",
            "secret_seed", "shuffled_batches"]
 
-
-class _Module(types.ModuleType):
-  """This module, with ``_READ_CHUNK`` (examples per chunk when a dataset of unknown
-  cardinality is read into memory) read and set where it is used, in ``_structure``."""
-
-  @property
-  def _READ_CHUNK(self) -> int:  # pylint: disable=invalid-name
-    return _structure._READ_CHUNK  # pylint: disable=protected-access
-
-  @_READ_CHUNK.setter
-  def _READ_CHUNK(self, value: int) -> None:  # pylint: disable=invalid-name
-    _structure._READ_CHUNK = value  # pylint: disable=protected-access
-
-
-sys.modules[__name__].__class__ = _Module
