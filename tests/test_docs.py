@@ -269,15 +269,6 @@ def run_page_blocks(path, tmp_path):
 
 MAX_MODULE_DOCSTRING_LINES = 35
 
-# Modules whose long docstrings their owners had not yet moved to docs/design when this test
-# was written: the test reports them as an expected failure (and fails for any other module).
-# Remove a line when its module's docstring is short.
-PENDING_DOCSTRING_MOVES = {
-    "tf_dpkit/clipping/fast_path.py", "tf_dpkit/clipping/independence.py",
-    "tf_dpkit/clipping/swap.py",
-}
-
-
 def test_module_docstrings_are_short_and_the_design_is_in_docs_design():
   import ast  # pylint: disable=g-import-not-at-top
   long = {}
@@ -286,12 +277,9 @@ def test_module_docstrings_are_short_and_the_design_is_in_docs_design():
       docstring = ast.get_docstring(ast.parse(path.read_text()), clean=False)
       if docstring and len(docstring.splitlines()) > MAX_MODULE_DOCSTRING_LINES:
         long[str(path.relative_to(ROOT))] = len(docstring.splitlines())
-  unexpected = {name: lines for name, lines in long.items() if name not in PENDING_DOCSTRING_MOVES}
-  assert not unexpected, (
+  assert not long, (
       "module docstrings over %d lines (move the design to docs/design/<topic>.md and keep the "
-      "contract in a few lines): %s" % (MAX_MODULE_DOCSTRING_LINES, unexpected))
-  if long:
-    pytest.xfail(f"docstrings not yet moved to docs/design by their owners: {sorted(long)}")
+      "contract in a few lines): %s" % (MAX_MODULE_DOCSTRING_LINES, long))
 
 
 def test_every_design_page_is_in_the_site_navigation():

@@ -1,50 +1,10 @@
 """Fast clipped sums for Keras functional and Sequential models (ghost clipping / book-keeping).
 
-One forward pass runs the model's layer graph with each trainable layer executed by its rule
-(``rules``), recording the tensor ``z`` each layer's weights act on directly.  Then
-
-1. one backward pass of ``sum_i w_i L_i / k`` gives every example's ``g_i = dL_i/dz`` at once,
-   where each ``L_i`` is the loss evaluated on example ``i`` alone (``examples``);
-2. each layer turns ``(inputs, g)`` into per-microbatch squared gradient norms, which add up
-   over layers to the squared norm of each microbatch's whole gradient;
-3. clip factors ``c_j = min(1, C / norm_j)`` re-weight ``g``, and each layer forms its share of
-   ``sum_j c_j grad_j`` as a linear function of the same ``g`` its norms came from (one
-   vector-Jacobian product, or the per-microbatch gradients the norms were formed from).
-
-Contract (what makes the bound ``||S(D) - S(D - x)|| <= C`` hold):
-
-* every node of the graph treats the examples of a batch independently (no batch statistics,
-  no shuffling or mixing along the batch axis): ``independence.batch_mixing`` clears each node
-  by its exact Keras class and configuration, or by a probe run once on a random batch.  A model
-  it does not clear is refused here and computes its per-example gradients on the vectorized
-  path, where each example's gradient is computed from that example alone (``"auto"`` says so
-  once, naming the layer).  BatchNormalization is refused on every path;
-* a trainable layer WITH a rule for its exact class is run by the rule; a trainable layer
-  without one is called as Keras calls it, its ``call`` arguments (inputs, ``training``, masks,
-  other arguments) are recorded, and that exact call is replayed on each example alone to get
-  its per-example weight gradients, which give both its norms and its clipped sum.  Composite
-  layers whose sublayers all have rules (``MultiHeadAttention``) run those sublayers by rule;
-* a variable belongs to one layer call (shared layers and tied weights are refused: their
-  per-example gradient is a sum over uses whose norm per-use rules cannot give).
-
-Non-finite examples (one rule, for float32 and mixed precision alike): a microbatch with an inf
-or NaN entry in any rule's input (an inf/NaN feature, or a float16 overflow of an activation),
-in its weighted loss (a NaN label, an infinite loss) or in any output gradient ``g`` contributes
-exactly 0 (norm ``0 <= C``; no step is skipped, the noise is unchanged).  Rules read their float
-inputs through ``clipped_sum.finite_entries`` (inf/NaN entries as 0, so every rule's inputs are
-finite), the flagged microbatches' rows of ``g`` are set to 0 with ``tf.where`` before any norm,
-and their clip factor is 0; so ``0 * inf`` never reaches a norm or a clipped sum, and the
-release does not reveal the example.  A layer without a rule (replayed per example) zeroes a
-non-finite per-example gradient itself.  The checks are elementwise passes over the rules'
-inputs and ``g``, cheap next to the rules' products.
-
-Under a mixed-precision policy rules run in the variables' dtype (float32) and cast their
-outputs to the compute dtype, so norms and clipped sums are formed at full precision.  With a
-static loss scale ``S`` (mixed_float16) the backward pass is of ``S * loss``; a microbatch whose
-``g`` overflowed is left out as above, the squared norms are divided by ``S^2`` and the sums by
-``S``, so clip factors are those of the unscaled gradients.
-Subclassed models are not handled here: :func:`fast_path_available` says so and ``DPModel``
-uses the whole-model vectorized path.
+One forward pass with each trainable layer run by its rule, one backward pass for every
+example's output gradients, per-microbatch norms and the clipped sum from the same gradients.
+Bound ``||S(D) - S(D - x)|| <= C`` when every node acts per example (``independence``), each
+variable belongs to one layer call, and non-finite examples contribute 0.  Design and contract:
+``docs/design/clipping_fast_path.md``.
 """
 from __future__ import annotations
 

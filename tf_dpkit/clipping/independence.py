@@ -1,47 +1,10 @@
 """Which Keras layer graphs compute each example's output from that example alone.
 
-The fast path (``fast_path``) runs the model's forward pass once on the whole batch.  Its bound
-``||S(D) - S(D - x)|| <= C`` needs every layer to treat the examples of a batch independently:
-a layer whose output for example ``i`` reads example ``j`` (statistics over the batch axis, a
-shuffle or MixUp of the batch, a concatenation along it) lets one example move every other
-example's clipped gradient.  :func:`batch_mixing` decides, once per layer graph, whether each of
-its nodes is per example, and the fast path is used only when every node is:
-
-1. exact Keras classes known to act per example (``Dense``, convolutions, ``Embedding``,
-   activations, dropout, reshaping, pooling, merging, attention, recurrent layers, ...), with a
-   configuration check where one can reach the batch axis: the ``axis`` of ``LayerNormalization``,
-   ``RMSNormalization``, ``GroupNormalization``, ``UnitNormalization``, ``Softmax``,
-   ``Normalization``, ``Concatenate`` and ``Dot`` must exclude axis 0, activations must be Keras's
-   own (element-wise or along the last axis of an input of rank >= 2), an ``EinsumDense``
-   equation must keep the batch index, wrappers (``TimeDistributed``, ``Bidirectional``, ``RNN``
-   with Keras cells) must wrap such layers;
-2. nested functional or Sequential models: their own nodes, by these same rules;
-3. anything else (``Lambda``, ``keras.ops`` calls on symbolic tensors, custom layers, subclasses
-   of Keras layers, Keras layers not in 1 such as ``MixUp``) is probed once, eagerly, on a
-   random batch of 5 (normal floats; integers 0/1): the output must keep the batch as its
-   leading axis, the gradient of each output row with respect to every other row of every float
-   input must be exactly zero (checked on two random batches), and, where the layer is
-   deterministic, changing one example's input must leave the other rows of the output
-   unchanged.  The layer's variables (seed-generator states included) are restored after the
-   probe.
-
-A probe is evidence, not proof.  It misses mixing that random inputs of this size do not
-trigger: mixing only above a threshold, for other batch sizes or dtypes, after some number of
-calls, or by a random choice that happened to be the identity on both probe batches (a random
-permutation of 5 examples is the identity with probability 1/120 per batch).  There is no way to
-declare a layer per example: a layer the probe refuses, or cannot run (it fails on random
-inputs, or has sublayers not built yet), is not run on the fast path.  A model with such a
-layer computes its per-example gradients on the vectorized path (``per_example``), which maps
-the model over examples so that each example's gradient is computed from a batch holding that
-example alone: mixing cannot carry one example into another's gradient there.  The layer's
-behaviour on a batch of one can differ from its behaviour on a batch (a batch standard
-deviation is 0, whose square root has no finite gradient): :func:`warn_if_single_example_
-gradients_not_finite` warns, once per model, when a model's gradient on one random example is
-not finite, since such examples contribute 0 and the model would learn nothing.
-
-Layers that keep state across calls (a variable updated from one batch and read in the next)
-are not examined here; ``BatchNormalization`` is refused on every path
-(``fast_path.example_mixing_layers``).
+:func:`batch_mixing` clears each node of a layer graph by its exact Keras class and
+configuration, or by a probe run once on a random batch; the fast path is used only when every
+node is cleared, otherwise the vectorized path (one example per batch) computes the gradients.
+A probe is evidence, not proof.  Design, allowlist and the probe's limits:
+``docs/design/clipping_independence.md``.
 """
 from __future__ import annotations
 

@@ -1,50 +1,11 @@
 """The optimizer swap at the fast path's speed: ``optimizer.minimize(vector_loss, var_list,
 tape=tape)`` on the outputs of a DP model.
 
-When a DP model (``tf_dpkit.DPSequential``, ``tf_dpkit.DPModel`` or any
-``make_dp_model_class`` model) whose layer graph the fast path can use
-(``fast_path.fast_path_available``) is called with ``training=True`` while a
-``tf.GradientTape`` records, it runs the fast path's forward phase
-(``fast_path.forward_with_rules``: each trainable layer executed by its rule) under a persistent
-inner tape of its own, returns the outputs, and keeps the record of that call
-(:func:`traced_call`).  A DP optimizer's ``compute_gradients(vector_loss, var_list, tape)`` then
-takes the record (:func:`take_record`) when ``var_list`` holds exactly that model's trainable
-variables and the model was called once with ``training=True`` since the last step, and
-(:func:`clipped_sum_from_record`):
-
-1. differentiates the vector loss ``L`` ([B], one entry per example) with respect to the model's
-   outputs ``y`` on the caller's tape, in ONE call: the Jacobian (pfor) of the ``P + 1``
-   scalars ``sum_i r_{p,i} L_i`` with ``r_0 = 1`` and ``P = CONTRACT_PROBES`` random vectors
-   ``r_p`` whose entries are ``+-2^e`` (``e`` in 0..3), equal within a microbatch.  Row 0 is
-   ``dL/dy``, summed over examples.  Row ``p`` checks the per-example contract: when each
-   ``L_i`` depends on the outputs of its own microbatch only, row ``p`` at example ``j`` is
-   exactly ``r_{p,j}`` times row 0 (backpropagation is linear in the output gradient, and
-   scaling by a power of two commutes with rounding), so any finite entry that differs shows
-   that some ``L_i`` depends on another microbatch's outputs (the batch mean repeated, a loss
-   centred on the batch mean: removing one example could then move the clipped sum by more
-   than ``C``), and the step is refused.  A loss that mixes examples passes only if the random
-   signs and powers happen to cancel for every output entry (for the batch mean repeated over
-   ``B`` examples, probability below ``8^-(P (B - 1))``); the cost is ``P + 1`` backward passes
-   through the loss alone;
-2. maps ``dL/dy`` to each traced layer's output gradient ``g`` with the inner tape;
-3. runs the fast path's backward phase (``fast_path.backward_with_rules``): per-microbatch
-   norms, clip factors ``min(1, C / norm_j)`` and the clipped sum, the same code as
-   ``tf_dpkit.private_gradients``.
-
-Microbatch ``j`` (``num_microbatches = M``) holds examples ``j*k .. (j+1)*k - 1``, ``k = B / M``;
-its loss is the mean of its entries of ``L``.  Sample weights and masks are whatever the vector
-loss already contains.  Under a static loss scale ``S`` (mixed_float16) the backward pass is of
-``S * L`` and the norms and sums are of the unscaled gradients.
-
-What the swap relies on: the vector loss reaches the model's weights only through the outputs of
-that call.  A term computed from the weights directly (a weight penalty added to the vector
-loss) is not differentiated here; Keras weight regularisers belong in the layers (DP models'
-``fit`` adds them after clipping) or are added to the private gradients.
-
-Anything else (another model class, a ``var_list`` other than the model's trainable variables,
-a model called several times under the tape) takes the exact Jacobian path
-(``per_example.clipped_sum_from_vector_loss``), and the optimizer says once what that costs
-(:func:`warn_jacobian_path`).
+A DP model called with ``training=True`` under a tape records the fast path's forward phase; a
+DP optimizer's ``compute_gradients`` takes that record when ``var_list`` is exactly the model's
+trainable variables, checks the per-example contract of the vector loss with random
+power-of-two probes, and runs the fast path's backward phase.  Anything else takes the exact
+Jacobian path and says once what it costs.  Design: ``docs/design/clipping_swap.md``.
 """
 from __future__ import annotations
 

@@ -64,8 +64,8 @@ def unfold_patches(x, kernel_hw, strides, dilations, padding):
 # Examples per call of the depthwise filter-gradient op in the first-layer branch below (with
 # oneDNN); 0 turns the branch off.  The op's scratch grows with its batch (about 64 KiB per
 # example for the MNIST CNN's 8x8x16 kernel); glibc serves a block above its mmap threshold
-# (never above 32 MiB) with a fresh mapping whose pages fault in again at every call, so one call
-# over a batch of 1,024 took 31.7 ms and eight calls of 128 took 10.3 ms (the unfolding: 18.3 ms).
+# (never above 32 MiB) with a fresh mapping whose pages fault in again at every call, so calls
+# over chunks of 128 examples are faster than one call over the whole batch.
 # Under a tf.distribute strategy the op runs on TensorFlow's worker threads, where glibc returns
 # even small scratch to the system each step; there it is used only when the process keeps freed
 # memory (tf_dpkit.distribute.host_keeps_freed_memory: keep_freed_host_memory() called before
@@ -74,12 +74,10 @@ def unfold_patches(x, kernel_hw, strides, dilations, padding):
 _FILTER_BACKPROP_CHUNK = 128
 
 
-# The compiled kernel forms the explicit per-microbatch gradients (cost S d p multiply-adds);
-# with its clipped sum it was 1.3-1.6x faster than the TensorFlow-op Gram form (unfolding,
-# batched matmuls, cost S^2 (d + p)) where the costs are about equal (the MNIST CNN's second
-# layer), and 0.9-1.0x (oneDNN) or 1.5x (without) where the explicit form costs 2.9 times the
-# Gram form (benchmarks/conv_norms.py); it is chosen while it costs at most this many times the
-# Gram form.
+# The compiled kernel forms the explicit per-microbatch gradients (cost S d p multiply-adds)
+# with its clipped sum; the TensorFlow-op Gram form (unfolding, batched matmuls) costs
+# S^2 (d + p).  The kernel is chosen while its multiply-add count is at most this many times the
+# Gram form's, the crossover benchmarks/conv_norms.py measures.
 _NATIVE_ADVANTAGE = 2
 
 
