@@ -414,12 +414,8 @@ def epsilon_lower_bound(true_positives: int, positives: int, false_positives: in
     delta: in [0, 1).
     confidence: in (0, 1), overall.
   """
-  positives = _checks.check_count("positives", positives, minimum=1)
-  true_positives = _check_count_at_most("true_positives", true_positives, "positives",
-                                        positives)
-  negatives = _checks.check_count("negatives", negatives, minimum=1)
-  false_positives = _check_count_at_most("false_positives", false_positives, "negatives",
-                                         negatives)
+  true_positives, positives, false_positives, negatives = _check_run_counts(
+      true_positives, positives, false_positives, negatives)
   delta = _check_delta_half_open(delta)
   confidence = _checks.check_delta("confidence", confidence)
   tpr_lo = clopper_pearson(true_positives, positives, confidence)[0]
@@ -429,6 +425,18 @@ def epsilon_lower_bound(true_positives: int, positives: int, false_positives: in
     if numerator > 0.0 and denominator > 0.0:
       bound = max(bound, math.log(numerator) - math.log(denominator))
   return float(bound)
+
+
+def _check_run_counts(true_positives, positives, false_positives, negatives):
+  """The four counts of a many-run audit, checked (positives, negatives >= 1; each count of
+  "member" calls within its total)."""
+  positives = _checks.check_count("positives", positives, minimum=1)
+  true_positives = _check_count_at_most("true_positives", true_positives, "positives",
+                                        positives)
+  negatives = _checks.check_count("negatives", negatives, minimum=1)
+  false_positives = _check_count_at_most("false_positives", false_positives, "negatives",
+                                         negatives)
+  return true_positives, positives, false_positives, negatives
 
 
 def gdp_lower_bound(true_positives: int, positives: int, false_positives: int,
@@ -447,12 +455,8 @@ def gdp_lower_bound(true_positives: int, positives: int, false_positives: int,
   must be Gaussian, as for DP-SGD without sampling), while :func:`epsilon_lower_bound`
   refutes any (eps, delta) claim.  Arguments as for :func:`epsilon_lower_bound`.
   """
-  positives = _checks.check_count("positives", positives, minimum=1)
-  true_positives = _check_count_at_most("true_positives", true_positives, "positives",
-                                        positives)
-  negatives = _checks.check_count("negatives", negatives, minimum=1)
-  false_positives = _check_count_at_most("false_positives", false_positives, "negatives",
-                                         negatives)
+  true_positives, positives, false_positives, negatives = _check_run_counts(
+      true_positives, positives, false_positives, negatives)
   confidence = _checks.check_delta("confidence", confidence)
   tpr_lo = clopper_pearson(true_positives, positives, confidence)[0]
   fpr_hi = clopper_pearson(false_positives, negatives, confidence)[1]

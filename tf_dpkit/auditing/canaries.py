@@ -121,22 +121,16 @@ def canary_model(base: keras.Model, num_canaries: int, *, model_class=None) -> k
   return model_class([x, code], logits)
 
 
-class CanaryRecorder(keras.callbacks.Callback):
-  """Records ``W[j, y_j]`` of the canary head before training and after every step.
+class _TrajectoryRecorder(keras.callbacks.Callback):
+  """Reads a ``[m]`` vector of canary weights (``_read``) before training and after every step."""
 
-  After ``fit``, :attr:`trajectory` is float64 ``[steps + 1, m]``.
-  """
-
-  def __init__(self, canaries: CanarySet, layer_name: str = "canary_head"):
+  def __init__(self, layer_name: str):
     super().__init__()
-    self._rows = np.arange(canaries.num_canaries)
-    self._labels = canaries.labels
     self._layer_name = layer_name
     self._values = []
 
   def _read(self):
-    kernel = self.model.get_layer(self._layer_name).kernel.numpy()
-    self._values.append(kernel[self._rows, self._labels].astype(np.float64))
+    raise NotImplementedError
 
   def on_train_begin(self, logs=None):
     if not self._values:
@@ -149,6 +143,23 @@ class CanaryRecorder(keras.callbacks.Callback):
   def trajectory(self) -> np.ndarray:
     """``[steps + 1, m]``: row 0 before training, row t after step t."""
     return np.array(self._values)
+
+
+class CanaryRecorder(_TrajectoryRecorder):
+  """Records ``W[j, y_j]`` of the canary head before training and after every step.
+
+  After ``fit``, :attr:`trajectory` is float64 ``[steps + 1, m]``.
+  """
+
+  def __init__(self, canaries: CanarySet, layer_name: str = "canary_head"):
+    super().__init__(layer_name)
+    self._rows = np.arange(canaries.num_canaries)
+    self._labels = canaries.labels
+
+  def _read(self):
+    kernel = self.model.get_layer(self._layer_name).kernel.numpy()
+    self._values.append(kernel[self._rows, self._labels].astype(np.float64))
+
 
 
 def canary_scores(trajectory, score: str = "sum") -> np.ndarray:
@@ -276,27 +287,14 @@ def dirac_training_data(x, y, canaries: CanarySet):
   return (x_all, index), y_all
 
 
-class DiracRecorder(keras.callbacks.Callback):
+class DiracRecorder(_TrajectoryRecorder):
   """Records the Dirac head ``w`` (float64 ``[m]``) before training and after every step;
   :attr:`trajectory` is ``[steps + 1, m]`` (row t after step t), for :func:`canary_scores`."""
 
   def __init__(self, layer_name: str = DIRAC_HEAD):
-    super().__init__()
-    self._layer_name = layer_name
-    self._values = []
+    super().__init__(layer_name)
 
   def _read(self):
     table = self.model.get_layer(self._layer_name).embeddings.numpy()
     self._values.append(table[:, 0].astype(np.float64))
 
-  def on_train_begin(self, logs=None):
-    if not self._values:
-      self._read()
-
-  def on_train_batch_end(self, batch, logs=None):
-    self._read()
-
-  @property
-  def trajectory(self) -> np.ndarray:
-    """``[steps + 1, m]``: row 0 before training, row t after step t."""
-    return np.array(self._values)
