@@ -36,7 +36,7 @@ _CODES = {"poisson": 1.0, "shuffle": 2.0, "without_replacement": 3.0}
 
 @dataclasses.dataclass
 class Phase:
-  """A run of identical DP-SGD steps (see :meth:`PrivacyAccountant.record` for the fields)."""
+  """A run of identical DP-SGD steps (see :meth:`PrivacyLedger.record` for the fields)."""
   sampling_probability: float
   noise_multiplier: float
   steps: int
@@ -62,8 +62,12 @@ def _is_real(value):
   return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-class PrivacyAccountant:
-  """Records DP-SGD steps and reports (epsilon, delta).
+class PrivacyLedger:
+  """A ledger of the DP-SGD phases a run trained: records steps and reports (epsilon, delta).
+
+  (It composes the phases with an ``analysis`` accountant named by ``accountant``; it is not
+  itself an :class:`analysis.accountant.Accountant`.  Formerly ``PrivacyAccountant``, a name
+  kept as an alias for one release.)
 
   Args:
     delta: target delta in (0, 1) for :meth:`epsilon`.
@@ -147,11 +151,11 @@ class PrivacyAccountant:
   def load_state_dict(self, state: dict) -> None:
     """Restores a snapshot from :meth:`state_dict` (a resumed run continues from there)."""
     try:
-      restored = PrivacyAccountant(state["delta"], state["accountant"])
+      restored = PrivacyLedger(state["delta"], state["accountant"])
       for p in state["phases"]:
         restored._append_phase(Phase(**p))  # pylint: disable=protected-access
     except (KeyError, TypeError) as error:
-      raise ValueError(f"Not a PrivacyAccountant state_dict: {error!r}.") from error
+      raise ValueError(f"Not a PrivacyLedger state_dict: {error!r}.") from error
     self.delta, self.accountant, self.phases = restored.delta, restored.accountant, restored.phases
 
   def _append_phase(self, phase: Phase) -> None:
@@ -162,10 +166,14 @@ class PrivacyAccountant:
                 batch_size=phase.batch_size)
 
   @classmethod
-  def from_state_dict(cls, state: dict) -> "PrivacyAccountant":
+  def from_state_dict(cls, state: dict) -> "PrivacyLedger":
     accountant = cls(state["delta"], state["accountant"])
     accountant.load_state_dict(state)
     return accountant
+
+
+#: The former name of :class:`PrivacyLedger`, kept for one release.
+PrivacyAccountant = PrivacyLedger
 
 
 class PrivacyBudget(keras.callbacks.Callback):
@@ -200,7 +208,7 @@ class PrivacyBudget(keras.callbacks.Callback):
   are not one Poisson batch), a pipeline split into another number of chunks, and fixed-size
   batches whose micro-batches per epoch are not a multiple of k (a logical batch would
   straddle two epochs).
-    accountant: ``"rdp"``/``"pld"``, or a :class:`PrivacyAccountant` to continue (resumed runs).
+    accountant: ``"rdp"``/``"pld"``, or a :class:`PrivacyLedger` to continue (resumed runs).
     verbose: print a line when the budget stops training (on the chief only, under a
       multi-worker strategy).
   """
@@ -215,14 +223,14 @@ class PrivacyBudget(keras.callbacks.Callback):
     super().__init__()
     if target_epsilon is not None:
       _checks.check_positive("target_epsilon", target_epsilon)
-    self._given_accountant = isinstance(accountant, PrivacyAccountant)
+    self._given_accountant = isinstance(accountant, PrivacyLedger)
     if self._given_accountant:
       if delta is not None and delta != accountant.delta:
         raise ValueError(f"delta={delta!r} differs from the given accountant's delta="
                          f"{accountant.delta!r}; pass one of them.")
       self.accountant = accountant
     else:
-      self.accountant = PrivacyAccountant(1e-5 if delta is None else delta, accountant)
+      self.accountant = PrivacyLedger(1e-5 if delta is None else delta, accountant)
     _checks.check_choice("sampling", sampling, SAMPLINGS)
     self.sampling_probability = sampling_probability
     self.target_epsilon = target_epsilon
@@ -235,7 +243,7 @@ class PrivacyBudget(keras.callbacks.Callback):
     self._epoch_start_iterations = 0
     self._max_steps = None
     self._planned_end = None
-    PrivacyAccountant(0.5).record(sampling_probability, 1.0, 0, sampling=sampling,
+    PrivacyLedger(0.5).record(sampling_probability, 1.0, 0, sampling=sampling,
                                   steps_per_epoch=steps_per_epoch)  # validates now
 
   def _current_phase(self, steps, noise_multiplier=None):
@@ -276,7 +284,7 @@ class PrivacyBudget(keras.callbacks.Callback):
       stop = self._seen_iterations + int(epochs) * int(steps)
     else:  # length unknown: through the schedule's last change
       stop = max(self._seen_iterations, schedule.boundaries[-1] if schedule.boundaries else 0) + 1
-    trial = PrivacyAccountant(self.accountant.delta, self.accountant.accountant)
+    trial = PrivacyLedger(self.accountant.delta, self.accountant.accountant)
     trial.phases = [dataclasses.replace(p) for p in self.accountant.phases]
     for phase in self._phases(self._seen_iterations, stop):
       trial.record(phase.sampling_probability, phase.noise_multiplier, phase.steps,
@@ -401,7 +409,7 @@ class PrivacyBudget(keras.callbacks.Callback):
           f"ledger records {self.accountant.steps}: epsilon would leave out the earlier steps "
           "(trained without a PrivacyBudget, or restored from a checkpoint made before the "
           "ledger existed). Train every step with a PrivacyBudget, or pass the earlier run's "
-          "accountant (accountant=PrivacyAccountant.from_state_dict(saved)).")
+          "accountant (accountant=PrivacyLedger.from_state_dict(saved)).")
     self._check_pipeline()
     if self.sampling == "poisson":  # before batch_size's check: its advice names batch_size too
       self._check_batches_can_be_poisson()
@@ -511,7 +519,7 @@ def noise_multiplier_for_budget(target_epsilon, delta, dataset_size, batch_size,
                                 steps_per_epoch=None):
   """Train to a budget: the smallest noise multiplier meeting ``(target_epsilon, delta)``.
 
-  The run is accounted exactly as :class:`PrivacyAccountant` will account it (the same
+  The run is accounted exactly as :class:`PrivacyLedger` will account it (the same
   ``analysis.dp_sgd`` rule, ``analysis.calibration.training_event_of``) and calibrated by
   ``analysis.calibration.calibrate`` (tolerance 1e-4 relative on sigma).
   ``"poisson"``: q = batch_size / dataset_size for ``ceil(epochs * dataset_size / batch_size)``

@@ -5,7 +5,7 @@ import numpy as np
 from absl import flags
 
 from analysis import pld_accountant  # noqa: F401  (imported so a missing extra fails early)
-from tf_dpkit.budget import PrivacyAccountant
+from tf_dpkit.budget import PrivacyLedger
 from tf_dpkit.data import mnist, poisson_batches, shuffled_batches
 from mnist_cnn import cnn_layers  # noqa: F401  (re-exported for the tutorials)
 
@@ -109,12 +109,12 @@ def sampling_note():
   return "shuffle-and-batch: no amplification by sampling claimed (q=1 per epoch)"
 
 
-def print_final_report(accountant: PrivacyAccountant, test_accuracy: float):
+def print_final_report(accountant: PrivacyLedger, test_accuracy: float):
   """Prints epsilon from RDP and PLD for what was recorded, in one parseable line (for
   shuffled batches both are the exact Gaussian-mechanism epsilon)."""
   state = accountant.state_dict()
-  rdp = PrivacyAccountant.from_state_dict({**state, "accountant": "rdp"}).epsilon()
-  pld = PrivacyAccountant.from_state_dict({**state, "accountant": "pld"}).epsilon()
+  rdp = PrivacyLedger.from_state_dict({**state, "accountant": "rdp"}).epsilon()
+  pld = PrivacyLedger.from_state_dict({**state, "accountant": "pld"}).epsilon()
   print(f"final: steps={accountant.steps} test_accuracy={test_accuracy:.4f} "
         f"epsilon_rdp={rdp:.4f} epsilon_pld={pld:.4f} delta={accountant.delta:g} "
         f"sampling={FLAGS.sampling}")

@@ -25,7 +25,7 @@ from absl import app, flags  # noqa: E402
 
 import common  # noqa: E402
 import tf_dpkit  # noqa: E402
-from tf_dpkit.budget import PrivacyAccountant  # noqa: E402
+from tf_dpkit.budget import PrivacyLedger  # noqa: E402
 
 FLAGS = common.FLAGS
 common.define_flags(default_learning_rate=0.001)
@@ -46,7 +46,7 @@ def main(argv):
         l2_norm_clip=FLAGS.l2_norm_clip, noise_multiplier=sigma,
         num_microbatches=FLAGS.microbatches, learning_rate=FLAGS.learning_rate,
         expected_batch_size=FLAGS.batch_size if FLAGS.sampling == "poisson" else None)
-    accountant = PrivacyAccountant(FLAGS.delta)
+    accountant = PrivacyLedger(FLAGS.delta)
   else:
     optimizer = keras.optimizers.Adam(FLAGS.learning_rate)
 

@@ -22,7 +22,7 @@ from absl import app  # noqa: E402
 
 import common  # noqa: E402
 import tf_dpkit  # noqa: E402
-from tf_dpkit.budget import PrivacyAccountant  # noqa: E402
+from tf_dpkit.budget import PrivacyLedger  # noqa: E402
 
 V1 = tf.compat.v1
 FLAGS = common.FLAGS
@@ -72,7 +72,7 @@ def main(argv):
           num_microbatches=FLAGS.microbatches, learning_rate=FLAGS.learning_rate,
           expected_batch_size=FLAGS.batch_size if FLAGS.sampling == "poisson" else None)
       train_op = optimizer.minimize(loss=vector_loss)
-      accountant = PrivacyAccountant(FLAGS.delta)
+      accountant = PrivacyLedger(FLAGS.delta)
     else:
       optimizer = V1.train.GradientDescentOptimizer(FLAGS.learning_rate)
       train_op = optimizer.minimize(loss=mean_loss)

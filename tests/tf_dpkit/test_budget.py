@@ -8,7 +8,7 @@ import pytest
 
 import tf_dpkit
 from analysis import calibration, pld_accountant, rdp_accountant
-from tf_dpkit.budget import PrivacyAccountant, PrivacyBudget, noise_multiplier_for_budget
+from tf_dpkit.budget import PrivacyLedger, PrivacyBudget, noise_multiplier_for_budget
 from tf_dpkit.data import poisson_batches
 from dp_references import exact_gaussian_epsilon
 
@@ -23,13 +23,13 @@ def _rdp_eps(qs, sigmas, steps, delta=1e-5):
 
 
 def test_poisson_phases_match_analysis_for_rdp_and_pld():
-  acc = PrivacyAccountant(1e-5)
+  acc = PrivacyLedger(1e-5)
   acc.record(0.01, 1.1, 300)
   acc.record(0.01, 1.1, 200)  # merged with the previous phase
   acc.record(0.02, 0.9, 100)
   assert len(acc.phases) == 2 and acc.steps == 600
   assert math.isclose(acc.epsilon(), _rdp_eps([0.01, 0.02], [1.1, 0.9], [500, 100]), rel_tol=1e-12)
-  pld = PrivacyAccountant.from_state_dict({**acc.state_dict(), "accountant": "pld"})
+  pld = PrivacyLedger.from_state_dict({**acc.state_dict(), "accountant": "pld"})
   expected = pld_accountant.compute_epsilon_heterogeneous([0.01, 0.02], [1.1, 0.9], [500, 100], 1e-5)
   assert math.isclose(pld.epsilon(), expected, rel_tol=1e-12)
   assert pld.epsilon() < acc.epsilon()  # PLD is the tighter accountant here
@@ -39,32 +39,32 @@ def test_pld_accountant_reports_the_smaller_of_pld_and_rdp():
   # Issue 11: 1e6 epochs of MNIST at batch 256, where the PLD grid alone gives 23,722 against
   # RDP's 3,451; both are valid, so the PLD accountant reports the smaller (3,072.5).
   q, steps = 256 / 60000, 234_375_000
-  rdp = PrivacyAccountant(1e-5)
+  rdp = PrivacyLedger(1e-5)
   rdp.record(q, 1.1, steps)
-  pld = PrivacyAccountant.from_state_dict({**rdp.state_dict(), "accountant": "pld"})
+  pld = PrivacyLedger.from_state_dict({**rdp.state_dict(), "accountant": "pld"})
   capped = pld_accountant.compute_epsilon_with_rdp_cap([q], [1.1], [steps], 1e-5)
   assert pld.epsilon() == capped.epsilon <= rdp.epsilon() == pytest.approx(3451.09, abs=0.01)
   assert 3000 < pld.epsilon() < 3073 and capped.pld_epsilon > 20000
 
 
 def test_shuffle_is_accounted_without_amplification_and_microbatches_halve_sigma():
-  acc = PrivacyAccountant(1e-5)
+  acc = PrivacyLedger(1e-5)
   acc.record(0.1, 1.2, 25, sampling="shuffle", steps_per_epoch=10)  # touches 3 epochs
   # Unamplified only: exactly one Gaussian mechanism (mpmath reference, not analysis/).
   assert math.isclose(acc.epsilon(), exact_gaussian_epsilon(1.2, 3, 1e-5), rel_tol=1e-9)
   assert acc.epsilon() < _rdp_eps([1.0], [1.2], [3])
-  acc = PrivacyAccountant(1e-5)
+  acc = PrivacyLedger(1e-5)
   acc.record(0.1, 1.2, 40, microbatch_size=4)
   assert math.isclose(acc.epsilon(), _rdp_eps([0.1], [0.6], [40]), rel_tol=1e-12)
 
 
 def test_restored_accountant_continues_like_an_uninterrupted_one():
-  whole, first = PrivacyAccountant(1e-6), PrivacyAccountant(1e-6)
+  whole, first = PrivacyLedger(1e-6), PrivacyLedger(1e-6)
   for step in range(50):
     whole.record(0.05, 1.0)
     if step < 20:
       first.record(0.05, 1.0)
-  resumed = PrivacyAccountant.from_state_dict(first.state_dict())
+  resumed = PrivacyLedger.from_state_dict(first.state_dict())
   for _ in range(30):
     resumed.record(0.05, 1.0)
   assert resumed.epsilon() == whole.epsilon() and resumed.steps == 50
@@ -91,34 +91,34 @@ def test_restored_accountant_continues_like_an_uninterrupted_one():
 ])
 def test_record_rejects_bad_input(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    PrivacyAccountant(1e-5).record(**kwargs)
+    PrivacyLedger(1e-5).record(**kwargs)
 
 
 def test_load_state_dict_validates_what_it_restores():
-  good = PrivacyAccountant(1e-5)
+  good = PrivacyLedger(1e-5)
   good.record(0.1, 1.0, 5)
   state = good.state_dict()
   bad_phase = {**state, "phases": [{**state["phases"][0], "steps": -3}]}
   with pytest.raises(ValueError, match="steps must be an integer >= 0"):
-    PrivacyAccountant.from_state_dict(bad_phase)
+    PrivacyLedger.from_state_dict(bad_phase)
   with pytest.raises(ValueError, match=r"delta must be in \(0, 1\)"):
-    PrivacyAccountant.from_state_dict({**state, "delta": float("nan")})
-  with pytest.raises(ValueError, match="Not a PrivacyAccountant state_dict"):
-    PrivacyAccountant.from_state_dict({"delta": 1e-5, "accountant": "rdp"})
-  with pytest.raises(ValueError, match="Not a PrivacyAccountant state_dict"):
-    PrivacyAccountant.from_state_dict({**state, "phases": [{"q": 0.1}]})
-  target = PrivacyAccountant(1e-5)
+    PrivacyLedger.from_state_dict({**state, "delta": float("nan")})
+  with pytest.raises(ValueError, match="Not a PrivacyLedger state_dict"):
+    PrivacyLedger.from_state_dict({"delta": 1e-5, "accountant": "rdp"})
+  with pytest.raises(ValueError, match="Not a PrivacyLedger state_dict"):
+    PrivacyLedger.from_state_dict({**state, "phases": [{"q": 0.1}]})
+  target = PrivacyLedger(1e-5)
   with pytest.raises(ValueError):
     target.load_state_dict(bad_phase)
   assert target.phases == []  # a failed restore leaves the accountant unchanged
-  assert PrivacyAccountant.from_state_dict(state).epsilon() == good.epsilon()
+  assert PrivacyLedger.from_state_dict(state).epsilon() == good.epsilon()
 
 
 def test_accountant_rejects_bad_delta_and_accountant():
   with pytest.raises(ValueError, match=r"delta must be in \(0, 1\)"):
-    PrivacyAccountant(1.0)
+    PrivacyLedger(1.0)
   with pytest.raises(ValueError, match="accountant must be one of"):
-    PrivacyAccountant(1e-5, "moments")
+    PrivacyLedger(1e-5, "moments")
 
 
 N, BATCH = 256, 32
@@ -170,7 +170,7 @@ def test_callback_continues_a_restored_accountant():
   model = _model()
   first = PrivacyBudget(q, 1e-5, verbose=False)
   model.fit(data.take(10), epochs=1, steps_per_epoch=10, callbacks=[first], verbose=0)
-  restored = PrivacyAccountant.from_state_dict(first.accountant.state_dict())
+  restored = PrivacyLedger.from_state_dict(first.accountant.state_dict())
   second = PrivacyBudget(q, accountant=restored, verbose=False)
   history = model.fit(data.skip(10), epochs=1, steps_per_epoch=20, callbacks=[second], verbose=0)
   assert math.isclose(history.history["epsilon"][-1], _rdp_eps([q], [1.0], [30]), rel_tol=1e-12)
@@ -203,7 +203,7 @@ def test_fit_after_unrecorded_steps_is_refused():
 
 
 def test_callback_delta_must_agree_with_a_given_accountant():
-  accountant = PrivacyAccountant(1e-6)
+  accountant = PrivacyLedger(1e-6)
   assert PrivacyBudget(0.1, accountant=accountant).accountant.delta == 1e-6
   assert PrivacyBudget(0.1, 1e-6, accountant=accountant).accountant is accountant
   with pytest.raises(ValueError, match="delta=1e-05 differs from the given accountant's delta=1e-06"):
@@ -248,7 +248,7 @@ def test_noise_multiplier_for_budget_shuffle_and_microbatches_match_the_accounta
   doubled = noise_multiplier_for_budget(3.0, 1e-5, 1000, 100, epochs, sampling="shuffle",
                                         microbatch_size=4)
   assert doubled == pytest.approx(2 * sigma, rel=2e-4)  # both searched to 1e-4
-  acc = PrivacyAccountant(1e-5)
+  acc = PrivacyLedger(1e-5)
   acc.record(0.1, doubled, int(epochs * 10), sampling="shuffle", steps_per_epoch=10,
              microbatch_size=4)
   assert acc.epsilon() <= 3.0
@@ -348,3 +348,11 @@ def test_the_poisson_refusal_gives_complete_advice_that_then_works():
   history = model.fit(x[:n], y[:n], batch_size=8, verbose=0, callbacks=[PrivacyBudget(
       8 / n, 1e-5, sampling="shuffle", steps_per_epoch=n // 8, batch_size=8, verbose=False)])
   assert history.history["epsilon"][-1] > 0
+
+
+def test_the_former_ledger_name_is_an_alias_for_one_release():
+  from tf_dpkit import budget  # pylint: disable=g-import-not-at-top
+  assert budget.PrivacyAccountant is budget.PrivacyLedger
+  ledger = budget.PrivacyAccountant(1e-5)
+  ledger.record(0.01, 1.1, steps=100)
+  assert isinstance(ledger, budget.PrivacyLedger) and ledger.steps == 100

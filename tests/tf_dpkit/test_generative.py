@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from tf_dpkit import generative
-from tf_dpkit.budget import PrivacyAccountant
+from tf_dpkit.budget import PrivacyLedger
 from tf_dpkit.generative import DPGAN, mlp_discriminator, mlp_generator
 
 SHAPE = (4, 4, 1)
@@ -128,7 +128,7 @@ def test_accountant_counts_discriminator_steps_only():
   result = gan.fit(x, generator_steps=4, sampling_seed=1, verbose=False)
   assert gan.accountant.steps == 12 == result["discriminator_steps"]
   assert result["generator_steps"] == 4 and not result["stopped_by_budget"]
-  reference = PrivacyAccountant(1e-5)
+  reference = PrivacyLedger(1e-5)
   reference.record(4.0 / 40, 1.2, 12)
   assert result["epsilon"] == pytest.approx(reference.epsilon(), rel=1e-12)
   ledger = gan.discriminator_optimizer.privacy_ledger.numpy()
@@ -147,7 +147,7 @@ def test_budget_stops_training():
   steps = gan.accountant.steps
   assert steps == 2 * result["generator_steps"] and steps < 2000
   assert result["epsilon"] <= target
-  more = PrivacyAccountant(1e-5)
+  more = PrivacyLedger(1e-5)
   more.record(0.1, 1.0, steps + 2)
   assert more.epsilon() > target  # one more iteration would exceed the budget
   with pytest.raises(ValueError, match="target_epsilon"):

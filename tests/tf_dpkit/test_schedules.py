@@ -13,7 +13,7 @@ import tensorflow as tf
 import tf_dpkit
 from analysis.schedules import PiecewiseConstant
 from dp_references import dp_accounting, dp_rdp
-from tf_dpkit.budget import PrivacyAccountant, PrivacyBudget
+from tf_dpkit.budget import PrivacyLedger, PrivacyBudget
 from tf_dpkit.clipping import clipped_sum_vectorized
 from tf_dpkit.data import poisson_batches
 from tf_dpkit.optimizers import DPGradientDescentGaussianOptimizer as DPSGD
@@ -122,7 +122,7 @@ def test_a_schedule_that_would_overflow_the_ledger_is_refused_before_any_step():
     DPSGD(1.0, too_many, learning_rate=0.1, expected_batch_size=16)
   # 40 pieces fit the ledger alone, not after 30 recorded phases.
   forty = PiecewiseConstant(list(range(1, 40)), [1.0 + (i % 2) for i in range(40)])
-  accountant = PrivacyAccountant(1e-5)
+  accountant = PrivacyLedger(1e-5)
   for i in range(30):
     accountant.record(0.1, 5.0 + i, 1)
   model = tf_dpkit.DPSequential([keras.Input((3,)), keras.layers.Dense(2)])

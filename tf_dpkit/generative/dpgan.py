@@ -5,7 +5,7 @@ example's gradient of the real loss term to ``l2_norm_clip``, adds Gaussian nois
 ``noise_multiplier * l2_norm_clip`` and normalises by the expected Poisson batch size (one step
 of the subsampled Gaussian mechanism of DP-SGD, add-or-remove-one adjacency).  The fake term
 (generated examples, uniform public fake labels) and the generator step are post-processing,
-so the accountant (:class:`tf_dpkit.budget.PrivacyAccountant`) counts discriminator steps
+so the accountant (:class:`tf_dpkit.budget.PrivacyLedger`) counts discriminator steps
 only.  BatchNormalization in the discriminator and the WGAN-GP gradient penalty are refused
 (they mix examples).
 
@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from analysis import _checks, calibration
-from tf_dpkit.budget import Phase, PrivacyAccountant, ledger_array
+from tf_dpkit.budget import Phase, PrivacyLedger, ledger_array
 from tf_dpkit.clipping import fast_path
 from tf_dpkit.data.poisson import poisson_batches
 from tf_dpkit.model_gradients import METHODS, clipped_sum_for_model
@@ -150,11 +150,11 @@ class DPGAN:
     method: how per-example discriminator gradients are obtained: ``"auto"``, ``"fast"``
       (per-layer path; functional/Sequential models) or ``"vectorized"``
       (``tf_dpkit.private_gradients``).
-    accountant: ``"rdp"`` or ``"pld"`` (``tf_dpkit.budget.PrivacyAccountant``).
+    accountant: ``"rdp"`` or ``"pld"`` (``tf_dpkit.budget.PrivacyLedger``).
     delta: delta in (0, 1) at which epsilon is reported and the budget enforced; default 1e-5.
 
   Attributes:
-    accountant: the :class:`~tf_dpkit.budget.PrivacyAccountant`; one recorded step per
+    accountant: the :class:`~tf_dpkit.budget.PrivacyLedger`; one recorded step per
       discriminator step.
     discriminator_optimizer: the tf_dpkit DP optimizer; generator_optimizer: a plain Keras one.
   """
@@ -198,7 +198,7 @@ class DPGAN:
     self.clip_fake_examples = clip_fake_examples
     self.seed = _checks.check_integer("seed", seed, minimum=0, maximum=2**62 - 1)
     self.method = _checks.check_choice("method", method, METHODS)
-    self.accountant = PrivacyAccountant(delta, accountant)
+    self.accountant = PrivacyLedger(delta, accountant)
     self.generator, self.discriminator = generator, discriminator
     self._check_shapes()
     self.fake_batch_size = max(1, int(round(self.expected_batch_size)))
