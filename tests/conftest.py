@@ -14,9 +14,11 @@ def _heavy_ids():
 
 
 def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
-  """Marks the tests listed in tests/heavy.txt (node ids, or whole files) ``heavy``."""
+  """Marks the tests listed in tests/heavy.txt ``heavy``: node ids, node ids without their
+  parameters (every parametrisation), or whole files."""
   import pytest  # pylint: disable=g-import-not-at-top
   heavy = _heavy_ids()
   for item in items:
-    if item.nodeid in heavy or item.nodeid.split("::")[0] in heavy:
+    if (item.nodeid in heavy or item.nodeid.split("[")[0] in heavy or
+        item.nodeid.split("::")[0] in heavy):
       item.add_marker(pytest.mark.heavy)
