@@ -95,6 +95,19 @@ def training_data(x, y, canaries: CanarySet):
   return (x_all, codes), y_all
 
 
+def _checked_canary_model_arguments(base, num_canaries, model_class):
+  """``(m, model_class)`` for a canary model builder: ``base`` one input and ``[batch, K]``
+  logits, ``num_canaries`` an integer >= 2, ``model_class`` default ``tf_dpkit.DPModel``."""
+  m = _checks.check_integer("num_canaries", num_canaries, minimum=2)
+  if len(base.inputs) != 1 or len(base.outputs) != 1 or len(base.outputs[0].shape) != 2:
+    raise ValueError("base must be a built Keras model with one input and one output of "
+                     f"logits [batch, K]; got inputs {base.inputs} and outputs {base.outputs}.")
+  if model_class is None:
+    from tf_dpkit.models import DPModel  # pylint: disable=g-import-not-at-top
+    model_class = DPModel
+  return m, model_class
+
+
 def canary_model(base: keras.Model, num_canaries: int, *, model_class=None) -> keras.Model:
   """``base`` with a canary head: inputs ``[x, c]``, logits ``base(x) + c @ W`` (module doc).
 
@@ -105,13 +118,7 @@ def canary_model(base: keras.Model, num_canaries: int, *, model_class=None) -> k
 
   The head is the layer named ``"canary_head"`` (a ``Dense(K, use_bias=False)``, kernel 0).
   """
-  m = _checks.check_integer("num_canaries", num_canaries, minimum=2)
-  if len(base.inputs) != 1 or len(base.outputs) != 1 or len(base.outputs[0].shape) != 2:
-    raise ValueError("base must be a built Keras model with one input and one output of "
-                     f"logits [batch, K]; got inputs {base.inputs} and outputs {base.outputs}.")
-  if model_class is None:
-    from tf_dpkit.models import DPModel  # pylint: disable=g-import-not-at-top
-    model_class = DPModel
+  m, model_class = _checked_canary_model_arguments(base, num_canaries, model_class)
   num_classes = int(base.outputs[0].shape[-1])
   x = keras.Input(base.inputs[0].shape[1:], name="x")
   code = keras.Input((m,), name="canary_code")
@@ -224,13 +231,7 @@ def dirac_canary_model(base: keras.Model, num_canaries: int, *, model_class=None
     num_canaries: m, an integer >= 2.
     model_class: the returned model's class; default ``tf_dpkit.DPModel``.
   """
-  m = _checks.check_integer("num_canaries", num_canaries, minimum=2)
-  if len(base.inputs) != 1 or len(base.outputs) != 1 or len(base.outputs[0].shape) != 2:
-    raise ValueError("base must be a built Keras model with one input and one output of "
-                     f"logits [batch, K]; got inputs {base.inputs} and outputs {base.outputs}.")
-  if model_class is None:
-    from tf_dpkit.models import DPModel  # pylint: disable=g-import-not-at-top
-    model_class = DPModel
+  m, model_class = _checked_canary_model_arguments(base, num_canaries, model_class)
   x = keras.Input(base.inputs[0].shape[1:], name="x")
   index = keras.Input((), dtype="int32", name="canary_index")
   head = keras.layers.Embedding(m, 1, embeddings_initializer="zeros", name=DIRAC_HEAD)
