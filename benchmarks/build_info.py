@@ -82,3 +82,14 @@ def header() -> str:
 def peak_rss_mb() -> float:
   """This process's resident-set high-water mark (MB)."""
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def report(method_note: str, lines, out=None) -> str:
+  """The results text (build header, ``method_note``, the table ``lines``); printed, and
+  written to ``out`` when given."""
+  text = header() + f"\n{method_note}\n\n" + "\n".join(lines) + "\n"
+  print(text)
+  if out:
+    with open(out, "w") as f:
+      f.write(text)
+  return text

@@ -123,12 +123,8 @@ def main(_):
               f"{fmt(rss['dp'])} | {ratio(rss['dp'], rss['non_private'])} |")
       lines.append(line)
       print(line, flush=True)
-  text = (build_info.header() + f"\n{FLAGS.examples} examples per epoch, {FLAGS.reps} timed "
-          "epochs per configuration, interleaved.\n\n" + "\n".join(lines) + "\n")
-  print(text)
-  if FLAGS.out:
-    with open(FLAGS.out, "w") as f:
-      f.write(text)
+  build_info.report(f"{FLAGS.examples} examples per epoch, {FLAGS.reps} timed epochs per "
+                    "configuration, interleaved.", lines, FLAGS.out)
 
 
 if __name__ == "__main__":

@@ -113,12 +113,8 @@ def main(_):
               + f" | {ms['swap'][0] / base:.2f}x | {ms['private_gradients'][0] / base:.2f}x |")
       lines.append(line)
       print(line, flush=True)
-  text = (build_info.header() + f"\n{FLAGS.reps} timed steps per method after {FLAGS.warmup} "
-          "warm-up steps, interleaved; ratios of medians.\n\n" + "\n".join(lines) + "\n")
-  print(text)
-  if FLAGS.out:
-    with open(FLAGS.out, "w") as f:
-      f.write(text)
+  build_info.report(f"{FLAGS.reps} timed steps per method after {FLAGS.warmup} warm-up steps, "
+                    "interleaved; ratios of medians.", lines, FLAGS.out)
 
 
 if __name__ == "__main__":
