@@ -2,13 +2,17 @@
 
     python tutorials/mnist_dpsgd_tutorial_eager.py --epochs=15 --learning_rate=0.001
 
-The non-private loop would use ``keras.optimizers.Adam`` and a scalar loss; the private loop
-uses ``tf_dpkit.DPAdamGaussianOptimizer`` and passes the *vector* loss (one entry per example).
-Per-example gradients of a vector loss recorded on a tape are rows of a Jacobian, whose cost
-grows with batch x microbatches, so this loop is far slower than ``model.fit`` with
-``DPSequential`` (see the tutorials README).  ``--fast_clipping`` shows the fast custom loop:
+The non-private loop (``--nodpsgd``) uses ``keras.optimizers.Adam`` and a scalar loss; the
+private loop swaps in ``tf_dpkit.DPAdamGaussianOptimizer``, builds the same layers as a
+``tf_dpkit.DPSequential`` and passes the *vector* loss (one entry per example) to
+``optimizer.minimize(vector_loss, model.trainable_variables, tape=tape)``.  The DP model records
+its layers' inputs during the forward pass under the tape, so the optimizer clips on the
+per-layer fast path (about the cost of a non-private step; ``tf_dpkit.clipping.swap``).
+``--plain_keras_model`` keeps a plain ``keras.Sequential``, which the optimizer cannot trace: it
+falls back to the exact Jacobian path (one backward pass per example over the whole batch, far
+slower; the optimizer warns once).  ``--fast_clipping`` shows the other fast custom loop,
 ``tf_dpkit.private_gradients(optimizer, model, per_example_loss_fn, x, y)`` then
-``optimizer.apply``; ``--microbatches`` with ``--sampling=shuffle`` also cuts the cost.
+``optimizer.apply``.
 """
 from __future__ import annotations
 
@@ -30,14 +34,20 @@ from tf_dpkit.budget import PrivacyLedger  # noqa: E402
 FLAGS = common.FLAGS
 common.define_flags(default_learning_rate=0.001)
 flags.DEFINE_boolean("fast_clipping", False,
-                     "Use tf_dpkit.private_gradients (model + per-example loss, fast per-layer "
-                     "clipping) instead of the vector loss on a tape (Jacobian, slow).")
+                     "Use tf_dpkit.private_gradients (model + per-example loss) and "
+                     "optimizer.apply instead of optimizer.minimize on the tape.")
+flags.DEFINE_boolean("plain_keras_model", False,
+                     "Private run with a plain keras.Sequential: minimize cannot trace it and "
+                     "takes the exact Jacobian path (slow; shown for comparison).")
 
 
 def main(argv):
   del argv
   (x_train, y_train), (x_test, y_test), n, steps = common.setup()
-  model = keras.Sequential(common.cnn_layers(keras))
+  if FLAGS.dpsgd and not FLAGS.plain_keras_model:
+    model = tf_dpkit.DPSequential(common.cnn_layers(keras))  # the swap's one other change
+  else:
+    model = keras.Sequential(common.cnn_layers(keras))
   vector_loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
   accountant = None
   if FLAGS.dpsgd:

@@ -51,12 +51,15 @@ def _expected_eps(q, sigma, steps):
 
 @pytest.mark.parametrize("script, extra", [
     ("mnist_dpsgd_tutorial.py", ["--learning_rate=0.5"]),
-    # The Jacobian loop and the v1 graph are slow on 2 cores (20-30 s each): slow suite.
+    # The custom loops are covered by unit tests (tests/tf_dpkit/test_swap_path.py); their tutorial
+    # runs (15-30 s each on 2 cores) are in the slow suite so the default suite stays under 10
+    # minutes: the card's swap on a DPSequential (the default), private_gradients, and the
+    # Jacobian fallback of a plain keras.Sequential.
     pytest.param("mnist_dpsgd_tutorial_eager.py", ["--learning_rate=0.01"],
                  marks=pytest.mark.slow),
-    # The fast custom loop is covered by unit tests; its tutorial run (15 s) is in the slow suite
-    # so the default suite stays under 10 minutes on 2 cores.
     pytest.param("mnist_dpsgd_tutorial_eager.py", ["--learning_rate=0.01", "--fast_clipping"],
+                 marks=pytest.mark.slow),
+    pytest.param("mnist_dpsgd_tutorial_eager.py", ["--learning_rate=0.01", "--plain_keras_model"],
                  marks=pytest.mark.slow),
     pytest.param("mnist_dpsgd_tutorial_v1.py", ["--learning_rate=0.5"], marks=pytest.mark.slow),
 ])
