@@ -3,8 +3,9 @@
 Modules:
   events                  Immutable descriptions of private mechanisms (Gaussian, Poisson-sampled,
                           sampled without replacement, shuffled, composed), the accountants' input.
-  accountant              The accountant interface (compose / get_epsilon / get_delta); pure
-                          Gaussian compositions are exact.
+  accountant_base         The accountant interface (compose / get_epsilon / get_delta); pure
+                          Gaussian compositions are exact.  (``accountant`` is its deprecated
+                          alias, removed in the next release.)
   accountants             The registry of accountants by public name ("rdp", "pld";
                           register_accountant, make_accountant).
   dp_sgd                  The one rule from a DP-SGD configuration to its event.

@@ -1,7 +1,7 @@
 """The accountants by public name: the one registry where names like ``"rdp"`` become objects.
 
 The command line, calibration, ``tf_dpkit.budget`` and ``tf_dpkit.make_private`` take these
-names; below them only :class:`analysis.accountant.Accountant` objects are passed around.
+names; below them only :class:`analysis.accountant_base.Accountant` objects are passed around.
 A new accountant is one subclass and one :func:`register_accountant` call: its name is then
 accepted everywhere a name is (``analysis.calibration.calibrate``, the command line's
 ``--accountant``), and :data:`ACCOUNTANTS` lists it.  No TensorFlow import.
@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from analysis import _checks
-from analysis.accountant import Accountant
+from analysis.accountant_base import Accountant
 
 __all__ = ["ACCOUNTANTS", "accountant_class", "accountant_names", "check_orders_for",
            "check_steps_for", "make_accountant", "max_steps", "register_accountant",
@@ -37,7 +37,7 @@ def _lazy(module: str, name: str) -> Callable[[], type]:
 
 
 def register_accountant(name: str, cls, **options) -> None:
-  """Makes ``cls`` (an :class:`analysis.accountant.Accountant` subclass, or a no-argument
+  """Makes ``cls`` (an :class:`analysis.accountant_base.Accountant` subclass, or a no-argument
   function returning one, for a lazy import) available as ``name``.
 
   ``options`` are keyword arguments every instance is created with.  If the class's
@@ -69,7 +69,7 @@ def accountant_names() -> tuple[str, ...]:
 
 
 def accountant_class(name: str) -> type:
-  """The :class:`analysis.accountant.Accountant` subclass registered as ``name``.
+  """The :class:`analysis.accountant_base.Accountant` subclass registered as ``name``.
 
   Raises:
     ValueError: ``name`` not registered (the message lists the names).
@@ -78,7 +78,7 @@ def accountant_class(name: str) -> type:
   cls = _REGISTRY[name].load()
   if not (isinstance(cls, type) and issubclass(cls, Accountant)):
     raise TypeError(f"accountant {name!r} is registered as {cls!r}, not an "
-                    "analysis.accountant.Accountant subclass.")
+                    "analysis.accountant_base.Accountant subclass.")
   return cls
 
 

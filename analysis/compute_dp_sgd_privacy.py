@@ -24,7 +24,7 @@ import dataclasses
 import math
 import sys
 
-from analysis import accountant as _accountant
+from analysis import accountant_base as _accountant
 from analysis import accountants as _accountants
 from analysis import calibration, dp_sgd, events, rdp_accountant, tuning
 from analysis._checks import (check_choice, check_count, check_delta, check_integer,
@@ -205,7 +205,7 @@ def compute_dp_sgd_privacy(n: int, batch_size: int, noise_multiplier: float, epo
       reported too (neighbouring data sets differ in all examples of one user, who has at most
       k): once per epoch exactly (a Gaussian with noise multiplier divided by k, see
       ``analysis.dp_sgd``), and under Poisson sampling by group privacy
-      (``analysis.accountant.group_privacy_epsilon``).
+      (``analysis.accountant_base.group_privacy_epsilon``).
     tuning_runs_mean: both None (default), or E[K] (finite, >= 1) and the shape
       (in (-1, inf) or inf) of the number K of tuning runs: then ``tuned_epsilon`` is the
       epsilon of the best of K Poisson-sampled runs (``analysis.tuning.tuned_epsilon`` on this

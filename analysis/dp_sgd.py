@@ -2,7 +2,7 @@
 
 Every epsilon the toolkit reports for DP-SGD (the command line, noise calibration,
 ``tf_dpkit``'s budget callback and training configuration) is the epsilon of
-:func:`dp_sgd_event`'s event, composed by an :mod:`analysis.accountant`.  Per-example clipping
+:func:`dp_sgd_event`'s event, composed by an :mod:`analysis.accountant_base`.  Per-example clipping
 at norm ``C`` gives the Gaussian with noise multiplier ``sigma`` (add-or-remove-one); microbatches
 of more than one example, or replace-one adjacency, give ``sigma / 2``.  ``"poisson"``,
 ``"shuffle"`` and ``"without_replacement"`` sampling map to the Poisson-sampled, shuffled and
@@ -61,7 +61,7 @@ def dp_sgd_event(noise_multiplier: float, steps: int, *, sampling: str = "poisso
       (``sum_b s_b^2 <= (sum_b s_b)^2``), and the epoch is a Gaussian mechanism, so the noise
       multiplier is divided by k (exact).  Under Poisson sampling a user's examples are not
       sampled together and no such event exists; use group privacy
-      (:func:`analysis.accountant.group_privacy_epsilon`).
+      (:func:`analysis.accountant_base.group_privacy_epsilon`).
 
   Returns:
     An immutable :mod:`analysis.events` event.
@@ -78,7 +78,7 @@ def dp_sgd_event(noise_multiplier: float, steps: int, *, sampling: str = "poisso
     if sampling != "shuffle":
       raise ValueError(f"examples_per_user={examples_per_user} is supported for "
                        "sampling='shuffle' only; for Poisson sampling use group privacy "
-                       "(analysis.accountant.group_privacy_epsilon).")
+                       "(analysis.accountant_base.group_privacy_epsilon).")
     sigma /= examples_per_user
   if dataset_size is not None:
     dataset_size = _checks.check_integer("dataset_size", dataset_size, minimum=1)

@@ -18,7 +18,7 @@ import math
 import warnings
 from typing import NamedTuple, Sequence
 
-from analysis import accountant as _accountant
+from analysis import accountant_base as _accountant
 from analysis import events as _events
 from analysis import _numerics, rdp_accountant
 from analysis._checks import (check_delta, check_finite_positive, check_nonnegative,
@@ -77,7 +77,7 @@ def _check_phase(sampling_probability, noise_multiplier, steps,
 
 
 class PLDAccountant(_accountant.Accountant):
-  """PLD accountant implementing :class:`analysis.accountant.Accountant`.
+  """PLD accountant implementing :class:`analysis.accountant_base.Accountant`.
 
   Supports plain Gaussian releases and the Poisson-subsampled Gaussian (``q`` in [0, 1],
   add-or-remove-one or zero-out adjacency), i.e. the atoms of :func:`analysis.events.flatten`

@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from analysis import accountant as _accountant
+from analysis import accountant_base as _accountant
 from analysis import events as _events
 from analysis._checks import MAX_STEPS, check_delta, check_orders
 from analysis._rdp.common import DEFAULT_ORDERS, MAX_ORDER, OrderAtBoundaryWarning
@@ -50,7 +50,7 @@ _CACHED = (_log_a_int, _log_gauss_forward_differences, _wor_log_moment_int, _tnb
 
 
 class RdpAccountant(_accountant.Accountant):
-  """Renyi-DP accountant implementing :class:`analysis.accountant.Accountant`.
+  """Renyi-DP accountant implementing :class:`analysis.accountant_base.Accountant`.
 
   Supports every atom of :func:`analysis.events.flatten`: plain Gaussian releases (RDP
   ``alpha / (2 sigma^2)``), the Poisson-subsampled Gaussian (:func:`compute_rdp`), the

@@ -66,7 +66,7 @@ class PrivacyLedger:
   """A ledger of the DP-SGD phases a run trained: records steps and reports (epsilon, delta).
 
   (It composes the phases with an ``analysis`` accountant named by ``accountant``; it is not
-  itself an :class:`analysis.accountant.Accountant`.  Formerly ``PrivacyAccountant``, a name
+  itself an :class:`analysis.accountant_base.Accountant`.  Formerly ``PrivacyAccountant``, a name
   kept as an alias for one release.)
 
   Args:

@@ -10,7 +10,7 @@ import numpy as np
 from scipy import optimize
 
 from analysis import _checks, _secrecy
-from analysis import accountant as _accountant
+from analysis import accountant_base as _accountant
 from analysis import events
 from analysis import rdp_accountant
 from analysis._numerics import finish as _finish
@@ -70,7 +70,7 @@ class PateAccountant(_accountant.Accountant):
   What may be published:
 
   * :attr:`ledger`, :meth:`get_epsilon` / :meth:`get_delta` (the generic
-    :class:`analysis.accountant.Accountant` interface) and their explicit names
+    :class:`analysis.accountant_base.Accountant` interface) and their explicit names
     :meth:`data_independent_epsilon`, :meth:`data_independent_delta`: only noise levels and how many checks and answers there were: the data-independent
     description (GNMax: ``GaussianEvent(sigma / sqrt(2))``; threshold check:
     ``GaussianEvent(sigma1)``; LNMax: ``LaplaceEvent(b / 2)``, L1 sensitivity 2).  The
@@ -265,7 +265,7 @@ class PateAccountant(_accountant.Accountant):
   def get_epsilon(self, delta: float) -> float:
     """PUBLISHABLE epsilon (nats) at ``delta`` in (0, 1): :meth:`data_independent_epsilon`.
 
-    The generic :class:`analysis.accountant.Accountant` interface reports a guarantee that
+    The generic :class:`analysis.accountant_base.Accountant` interface reports a guarantee that
     holds for every data set; the data-dependent bound is :meth:`private_data_dependent_epsilon`.
     """
     return self.data_independent_epsilon(delta)

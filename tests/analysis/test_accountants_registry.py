@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from analysis import accountant, accountants, calibration, compute_dp_sgd_privacy, events
+from analysis import accountant_base, accountants, calibration, compute_dp_sgd_privacy, events
 from analysis import gaussian
 
 
-class _ToyGaussianAccountant(accountant.Accountant):
+class _ToyGaussianAccountant(accountant_base.Accountant):
   """Pure Gaussian releases only, with the exact epsilon (analysis.gaussian)."""
 
   method = "a toy Gaussian accountant"
@@ -76,7 +76,7 @@ def test_registry_errors_name_the_argument(toy):
     accountants.unregister_accountant("moments")
   accountants.register_accountant("broken", lambda: int)
   try:
-    with pytest.raises(TypeError, match="not an analysis.accountant.Accountant subclass"):
+    with pytest.raises(TypeError, match="not an analysis.accountant_base.Accountant subclass"):
       accountants.make_accountant("broken")
   finally:
     accountants.unregister_accountant("broken")

@@ -126,10 +126,10 @@ _ERRORS = [
     (dict(dataset_size=10.0), "dataset_size must be an integer in [1, inf], got 10.0."),
     (dict(examples_per_user=2),
      "examples_per_user=2 is supported for sampling='shuffle' only; for Poisson sampling use "
-     "group privacy (analysis.accountant.group_privacy_epsilon)."),
+     "group privacy (analysis.accountant_base.group_privacy_epsilon)."),
     (dict(sampling="without_replacement", examples_per_user=3, dataset_size=100, batch_size=10),
      "examples_per_user=3 is supported for sampling='shuffle' only; for Poisson sampling use "
-     "group privacy (analysis.accountant.group_privacy_epsilon)."),
+     "group privacy (analysis.accountant_base.group_privacy_epsilon)."),
     (dict(sampling="shuffle"),
      "sampling='shuffle' needs steps_per_epoch (batches per epoch, an integer >= 1) or both "
      "dataset_size and batch_size."),

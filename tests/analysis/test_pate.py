@@ -718,7 +718,7 @@ def _consensus_accountant():
 
 def test_generic_interface_reports_the_publishable_data_independent_epsilon():
   # Was: get_epsilon / get_delta returned the PRIVATE data-dependent values, so code written
-  # against analysis.accountant.Accountant printed a number computed from the votes.
+  # against analysis.accountant_base.Accountant printed a number computed from the votes.
   acc = _consensus_accountant()
   reference = rdp_accountant.RdpAccountant().compose(
       events.SelfComposedEvent(events.GaussianEvent(150.0), 50)).compose(
