@@ -15,7 +15,7 @@ import tensorflow as tf
 from analysis import _checks, _secrecy
 from tf_dpkit import distribute
 from tf_dpkit import noise as noise_lib
-from tf_dpkit.clipping.examples import map_examples
+from tf_dpkit.clipping.contract import map_examples
 from tf_dpkit.clipping.per_example import MAX_MICROBATCH_SIZE
 
 __all__ = ["AugmentationMultiplicity", "MAX_MULTIPLICITY", "check_augmentation"]

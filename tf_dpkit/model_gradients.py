@@ -15,7 +15,7 @@
   naming the layer).
 
 Both give the same clipped sum up to float round-off (tested).  On both, the loss must be per
-example (see ``tf_dpkit.clipping.examples``): one entry per example, computed from that example
+example (see ``tf_dpkit.clipping.contract``): one entry per example, computed from that example
 alone; the fast path enforces the latter by evaluating the loss on each example separately.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tf_dpkit import augmentation as augmentation_lib
 from tf_dpkit.clipping import groups, independence, swap
-from tf_dpkit.clipping.examples import (per_example_loss_function, per_example_weights,
+from tf_dpkit.clipping.contract import (per_example_loss_function, per_example_weights,
                                         pfor_is_safe)
 from tf_dpkit.clipping.fast_path import (check_examples_independent,
                                          check_fast_path_examples_independent, clipped_sum_fast,

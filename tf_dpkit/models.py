@@ -19,7 +19,7 @@ from tf_dpkit import augmentation as augmentation_lib
 from tf_dpkit.data.poisson import check_class_labels, pipeline_of
 from tf_dpkit.clipping import _keras_internals
 from tf_dpkit.clipping import swap
-from tf_dpkit.clipping.examples import (check_loss_is_per_example, mark_per_example,
+from tf_dpkit.clipping.contract import (check_loss_is_per_example, mark_per_example,
                                         per_example_loss_function)
 from tf_dpkit.optimizers import accumulation, is_dp_optimizer
 from tf_dpkit.model_gradients import clipped_sum_for_model

@@ -13,7 +13,7 @@ import pytest
 import keras
 import tensorflow as tf
 
-from tf_dpkit.clipping import examples, independence
+from tf_dpkit.clipping import contract, independence
 from tf_dpkit.clipping.fast_path import clipped_sum_fast, fast_path_available
 from tf_dpkit.clipping.testing import removal_sensitivity
 from tf_dpkit.model_gradients import clipped_sum_for_model, resolve_method
@@ -247,7 +247,7 @@ def test_a_loss_reducing_over_the_batch_axis_is_refused(method):
 
 def test_only_the_last_or_a_positive_loss_axis_counts_as_already_per_example():
   cce = keras.losses.CategoricalCrossentropy
-  assert examples.loss_is_isolated_per_example(cce(reduction=None))
-  assert examples.loss_is_isolated_per_example(cce(axis=1, reduction=None))
-  assert not examples.loss_is_isolated_per_example(cce(axis=-2, reduction=None))
-  assert not examples.loss_is_isolated_per_example(keras.losses.CosineSimilarity(axis=-2))
+  assert contract.loss_is_isolated_per_example(cce(reduction=None))
+  assert contract.loss_is_isolated_per_example(cce(axis=1, reduction=None))
+  assert not contract.loss_is_isolated_per_example(cce(axis=-2, reduction=None))
+  assert not contract.loss_is_isolated_per_example(keras.losses.CosineSimilarity(axis=-2))

@@ -1,7 +1,7 @@
 """Per-microbatch gradients and their clipped sum: the one place DP-SGD touches gradients.
 
 ``clipped_sum`` owns "per-microbatch gradients -> clipped sum" and the ``ClippedSum`` value that
-DP optimizers accept; ``examples`` owns the per-example contract (one loss and one weight per
+DP optimizers accept; ``contract`` owns the per-example contract (one loss and one weight per
 example, each computed from that example alone); ``per_example`` owns the general ways of getting
 per-microbatch gradients (Jacobian of a vector loss recorded on a tape, or a map over
 microbatches of the inputs).  The faster per-layer path is ``fast_path`` (walks a Keras layer
@@ -10,7 +10,7 @@ graph) with ``rules`` (one file per layer, registered on the exact layer class),
 ``_keras_internals`` holds every private Keras API they use.
 """
 from tf_dpkit.clipping.clipped_sum import ClippedSum, clip_and_sum, global_norms
-from tf_dpkit.clipping.examples import per_example_losses, per_example_weights
+from tf_dpkit.clipping.contract import per_example_losses, per_example_weights
 from tf_dpkit.clipping.fast_path import clipped_sum_fast, fast_path_available
 from tf_dpkit.clipping.groups import LayerClipNorms
 from tf_dpkit.clipping.per_example import (

@@ -15,7 +15,7 @@ from tf_dpkit.clipping import _keras_internals as internals
 from tf_dpkit.clipping import independence
 from tf_dpkit.clipping.clipped_sum import (at_least_float32, clip_factors, finite_entries,
                                            finite_rows, issue_clipped_sum, zero_rows)
-from tf_dpkit.clipping.examples import (isolated_per_example_losses, map_examples,
+from tf_dpkit.clipping.contract import (isolated_per_example_losses, map_examples,
                                         per_example_weights, pfor_is_safe)
 from tf_dpkit.clipping.per_example import (assert_nonempty, check_grouping,
                                            rows_divisible_checks)
