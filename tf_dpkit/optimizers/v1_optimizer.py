@@ -1,7 +1,11 @@
 """DP versions of ``tf.compat.v1.train`` optimizers (graph mode, sessions, and TF2 with a tape).
 
-In a ``tf.compat.v1`` graph the vector loss needs no tape: per-microbatch gradients are the
-rows of the Jacobian built with ``parallel_for``.  Because a graph is run many times, the noise
+In a ``tf.compat.v1`` graph the vector loss needs no tape: the ops between the batch's inputs
+(placeholders, ``tf.data`` iterator outputs) and the loss are replayed on each microbatch alone
+and differentiated with ``tf.vectorized_map`` (``tf_dpkit.clipping.graph_replay``: about the cost
+of one batched backward pass, and each step checks the replay reproduces the loss).  A graph the
+replay cannot reproduce takes the exact Jacobian path (rows of the batch loss's Jacobian, about
+``B`` backward passes) and says so once.  Because a graph is run many times, the noise
 is keyed by a counter variable (``dp_noise_step``, see ``DPSettings.next_noise_draw``)
 incremented by every gradient computation, so each ``session.run`` draws fresh noise; initialise
 it with the other variables.
@@ -11,6 +15,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tf_dpkit.clipping import clipped_sum_from_vector_loss
+from tf_dpkit.clipping import graph_replay
 from tf_dpkit.clipping import swap
 from tf_dpkit.optimizers.base import CONSTRUCTOR_ARGS_DOC, DPOptimizerBase
 
@@ -64,9 +69,16 @@ def make_v1_dp_class(base):
       if not var_list:
         raise ValueError("No variables to optimize.")
       # With a tape, a DP model's traced call takes the per-layer fast path
-      # (tf_dpkit.clipping.swap); in a v1 graph (no tape) the Jacobian path.
-      clipped = None if tape is None else swap.clipped_sum_for_optimizer(
-          self, loss, var_list, tape, self._dp.l2_norm_clip, self._dp.num_microbatches)
+      # (tf_dpkit.clipping.swap); in a v1 graph (no tape) the per-example replay
+      # (tf_dpkit.clipping.graph_replay); else the Jacobian path.
+      if tape is not None:
+        clipped = swap.clipped_sum_for_optimizer(
+            self, loss, var_list, tape, self._dp.l2_norm_clip, self._dp.num_microbatches)
+      elif not tf.executing_eagerly():
+        clipped = graph_replay.clipped_sum_for_v1_optimizer(
+            self, loss, var_list, self._dp.l2_norm_clip, self._dp.num_microbatches)
+      else:
+        clipped = None
       if clipped is None:
         clipped = clipped_sum_from_vector_loss(
             loss, var_list, self._dp.l2_norm_clip, self._dp.num_microbatches, tape=tape)
