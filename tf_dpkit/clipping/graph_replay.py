@@ -21,7 +21,7 @@ import warnings
 import tensorflow as tf
 
 from tf_dpkit.clipping.clipped_sum import clip_and_sum, issue_clipped_sum
-from tf_dpkit.clipping.examples import map_examples
+from tf_dpkit.clipping.contract import map_examples
 from tf_dpkit.clipping.per_example import split_into_microbatches
 
 #: Ops whose outputs are batch-major inputs of the step (each example's rows are its data).
