@@ -22,7 +22,16 @@ Modules:
                           of runs, Papernot & Steinke 2022).
 """
 
+import importlib
+
 #: Marks this package as tf_dpkit's accounting package, so that tf_dpkit can tell it apart from
 #: an unrelated module or folder named ``analysis`` found earlier on sys.path
 #: (see tf_dpkit/_analysis_guard.py).
 __tf_dpkit_analysis__ = True
+
+
+def __getattr__(name):
+  """Loads a renamed module's deprecated alias (accountant) on first attribute access."""
+  if name in ("accountant",):
+    return importlib.import_module(f"{__name__}.{name}")
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

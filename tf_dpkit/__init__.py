@@ -16,13 +16,15 @@ Or swap a Keras optimizer for its DP version and pass a vector loss::
 or train with ``model.fit`` through ``tf_dpkit.DPSequential`` / ``tf_dpkit.DPModel``.
 Privacy accounting lives in the top-level ``analysis`` package.
 """
+import importlib
+
 # First: fail with a clear message if `analysis` is some other package (see the module).
 from tf_dpkit import _analysis_guard  # noqa: F401  pylint: disable=unused-import
 from tf_dpkit import v1
 from tf_dpkit import pate
 from tf_dpkit.augmentation import AugmentationMultiplicity
-from tf_dpkit.models import DPModel, DPSequential, make_dp_model_class
-from tf_dpkit.model_gradients import private_gradients
+from tf_dpkit.dp_models import DPModel, DPSequential, make_dp_model_class
+from tf_dpkit.dp_gradients import private_gradients
 from tf_dpkit.training import DPTraining, make_private
 from tf_dpkit.optimizers.adaptive_clipping import AdaptiveClipping
 from tf_dpkit.optimizers import (
@@ -43,3 +45,10 @@ __all__ = [
     "DPAdamWGaussianOptimizer", "DPAdagradGaussianOptimizer", "DPRMSPropGaussianOptimizer",
     "AdaptiveClipping", "AugmentationMultiplicity",
 ]
+
+
+def __getattr__(name):
+  """Loads the deprecated aliases of renamed modules (models, model_gradients) on first use."""
+  if name in ("models", "model_gradients"):
+    return importlib.import_module(f"{__name__}.{name}")
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -166,10 +166,10 @@ class DPTraining:
     given either here or to ``fit``: ``model.fit(**private.fit_arguments(),
     callbacks=[keras.callbacks.EarlyStopping(monitor="val_loss")], validation_data=...)``.
     A DP model's ``fit`` refuses callbacks that decide from statistics of the private
-    training batches (``monitor="loss"``; ``tf_dpkit.models``)."""
+    training batches (``monitor="loss"``; ``tf_dpkit.dp_models``)."""
     x = self.dataset(seed)
     carried = [self.budget(verbose=verbose), *callbacks]
-    # A DP model's fit adds these to the callbacks it is given (tf_dpkit.models).
+    # A DP model's fit adds these to the callbacks it is given (tf_dpkit.dp_models).
     x._tf_dpkit_fit_callbacks = carried  # pylint: disable=protected-access
     return FitArguments(
         {"x": x, "epochs": self.epochs, "shuffle": False,

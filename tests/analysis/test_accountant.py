@@ -463,3 +463,13 @@ def test_deprecated_module_name_is_an_alias_of_accountant_base():
   for name in old.__all__:
     assert getattr(old, name) is getattr(accountant_base, name), name
   assert set(old.__all__) == set(accountant_base.__all__)
+
+
+def test_deprecated_module_is_an_attribute_of_the_package(monkeypatch):
+  import sys  # pylint: disable=g-import-not-at-top
+  import analysis  # pylint: disable=g-import-not-at-top
+  monkeypatch.delitem(sys.modules, "analysis.accountant", raising=False)
+  monkeypatch.delattr(analysis, "accountant", raising=False)
+  assert analysis.accountant.Accountant is accountant_base.Accountant
+  with pytest.raises(AttributeError, match="has no attribute 'no_such_module'"):
+    getattr(analysis, "no_such_module")

@@ -11,7 +11,7 @@ import tensorflow as tf
 import tf_dpkit
 from tf_dpkit.clipping import per_example, rules
 from tf_dpkit.clipping.testing import removal_sensitivity
-from tf_dpkit.model_gradients import clipped_sum_for_model
+from tf_dpkit.dp_gradients import clipped_sum_for_model
 
 C = 1.0
 TOL = 1e-5

@@ -13,7 +13,7 @@ import tensorflow as tf
 import tf_dpkit
 from tf_dpkit.augmentation import AugmentationMultiplicity, check_augmentation
 from tf_dpkit.clipping import clipped_sum_fast, clipped_sum_vectorized
-from tf_dpkit.model_gradients import clipped_sum_for_model
+from tf_dpkit.dp_gradients import clipped_sum_for_model
 
 K = 3
 CLIP = 0.4

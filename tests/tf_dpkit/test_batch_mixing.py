@@ -16,7 +16,7 @@ import tensorflow as tf
 from tf_dpkit.clipping import contract, independence
 from tf_dpkit.clipping.fast_path import clipped_sum_fast, fast_path_available
 from tf_dpkit.clipping.testing import removal_sensitivity
-from tf_dpkit.model_gradients import clipped_sum_for_model, resolve_method
+from tf_dpkit.dp_gradients import clipped_sum_for_model, resolve_method
 
 C = 1.0
 TOL = 1e-5

@@ -410,7 +410,7 @@ def test_projection_discriminator_real_term_removal_moves_the_clipped_sum_by_at_
   real term): removing any one real example, image and label, moves the clipped sum by at
   most C, and by more than half of C (the gradients are large, so clipping binds)."""
   from tf_dpkit.clipping.testing import removal_sensitivity  # pylint: disable=g-import-not-at-top
-  from tf_dpkit.model_gradients import clipped_sum_for_model  # pylint: disable=g-import-not-at-top
+  from tf_dpkit.dp_gradients import clipped_sum_for_model  # pylint: disable=g-import-not-at-top
   keras.utils.set_random_seed(4)
   k, shape, clip = 3, (4, 4, 1), 0.05
   d = generative.mlp_discriminator(k, shape, hidden=(6, 4), conditioning="projection")

@@ -11,7 +11,7 @@ from analysis import rdp_accountant
 from tf_dpkit.budget import PrivacyBudget
 from tf_dpkit.clipping import LayerClipNorms
 from tf_dpkit.clipping.testing import removal_sensitivity
-from tf_dpkit.model_gradients import clipped_sum_for_model
+from tf_dpkit.dp_gradients import clipped_sum_for_model
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(6, 4)).astype(np.float32)

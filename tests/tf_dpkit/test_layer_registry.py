@@ -339,7 +339,7 @@ def test_variable_shared_by_two_layers_is_left_to_the_vectorized_path():
   assert not fast_path_available(model)
   with pytest.raises(ValueError, match="shared by several layers.*encoder"):
     clipped_sum_fast(model, MSE, (x, y, tf.ones([6])), 0.1)
-  from tf_dpkit.model_gradients import clipped_sum_for_model
+  from tf_dpkit.dp_gradients import clipped_sum_for_model
   auto, _ = clipped_sum_for_model(model, MSE, x, y, None, 0.1)
   expected, norms = _brute_force_clipped_sum(model, MSE, x, y, 0.1)
   np.testing.assert_allclose(auto.norms.numpy(), norms, rtol=2e-4)
@@ -390,7 +390,7 @@ def test_sublayers_sharing_a_variable_inside_one_layer_are_replayed_exactly():
 
 @pytest.mark.parametrize("method", ["fast", "vectorized"])
 def test_sample_weight_column_equals_vector_and_other_shapes_are_refused(method):
-  from tf_dpkit.model_gradients import clipped_sum_for_model
+  from tf_dpkit.dp_gradients import clipped_sum_for_model
   model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
   x, y = _x(5, 3), _x(5, 2)
   w = tf.constant([0.5, 1.0, 0.0, 2.0, 1.5])
@@ -407,7 +407,7 @@ def test_sample_weight_column_equals_vector_and_other_shapes_are_refused(method)
 
 @pytest.mark.parametrize("method", ["fast", "vectorized"])
 def test_scalar_loss_is_refused_with_the_fix(method):
-  from tf_dpkit.model_gradients import clipped_sum_for_model
+  from tf_dpkit.dp_gradients import clipped_sum_for_model
   model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
   scalar_mse = lambda y, p: tf.reduce_mean(tf.square(p - y))
   with pytest.raises(ValueError, match="returned a scalar.*one loss per example"):

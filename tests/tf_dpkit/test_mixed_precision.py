@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import tf_dpkit
 from tf_dpkit.clipping.testing import removal_sensitivity
-from tf_dpkit.model_gradients import clipped_sum_for_model
+from tf_dpkit.dp_gradients import clipped_sum_for_model
 from tf_dpkit.optimizers.base import DEFAULT_FLOAT16_LOSS_SCALE
 
 C = 0.05  # small enough that every example here is clipped: each moves the sum by exactly C

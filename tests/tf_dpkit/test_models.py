@@ -5,7 +5,7 @@ import keras
 import tensorflow as tf
 
 import tf_dpkit
-from tf_dpkit.model_gradients import resolve_method
+from tf_dpkit.dp_gradients import resolve_method
 
 RNG = np.random.default_rng(2)
 X = RNG.normal(size=(16, 3)).astype(np.float32)
@@ -316,7 +316,7 @@ def test_add_loss_is_refused(method):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_masked_sequence_loss_is_the_mean_over_unmasked_positions(method):
-  from tf_dpkit.model_gradients import clipped_sum_for_model
+  from tf_dpkit.dp_gradients import clipped_sum_for_model
   model = keras.Sequential([keras.Input((5,), dtype="int32"),
                             keras.layers.Embedding(6, 4, mask_zero=True), keras.layers.Dense(3)])
   ids = np.array([[1, 2, 0, 0, 0], [3, 4, 5, 1, 0], [2, 0, 0, 0, 0], [0, 0, 0, 0, 0]], np.int32)

@@ -14,7 +14,7 @@ import tf_dpkit
 from tf_dpkit.clipping import per_example
 from tf_dpkit.clipping.testing import removal_sensitivity
 from tf_dpkit.data import poisson
-from tf_dpkit.model_gradients import clipped_sum_for_model
+from tf_dpkit.dp_gradients import clipped_sum_for_model
 
 C = 1.0
 TOL = 1e-5
@@ -304,7 +304,7 @@ cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 import keras
 import tf_dpkit
-from tf_dpkit.model_gradients import clipped_sum_for_model
+from tf_dpkit.dp_gradients import clipped_sum_for_model
 
 B, BAD = 8, 1
 rng = np.random.default_rng(0)

@@ -25,7 +25,7 @@ from tf_dpkit.clipping import independence, per_example
 from tf_dpkit.clipping.fast_path import fast_path_available, graph_walkable
 from tf_dpkit.clipping.rules import LayerTrace, LinearNorms, register_layer_rule
 from tf_dpkit.clipping.testing import removal_sensitivity
-from tf_dpkit.model_gradients import clipped_sum_for_model
+from tf_dpkit.dp_gradients import clipped_sum_for_model
 
 TOL = 1e-5
 SCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)

@@ -67,7 +67,7 @@ def broken_training(kind: str, *, l2_norm_clip: float, noise_multiplier: float,
   Build the model as ``model_class(inputs, outputs)`` and compile it with ``optimizer`` and a
   per-example loss (for ``"averaged_clipping"`` a callable ``loss(y_true, y_pred) -> [batch]``).
   """
-  from tf_dpkit.models import DPModel  # pylint: disable=g-import-not-at-top
+  from tf_dpkit.dp_models import DPModel  # pylint: disable=g-import-not-at-top
   from tf_dpkit.optimizers import DPGradientDescentGaussianOptimizer  # pylint: disable=g-import-not-at-top
   kind = _checks.check_choice("kind", kind, KINDS)
   clip = _checks.check_finite_positive("l2_norm_clip", l2_norm_clip)

@@ -103,7 +103,7 @@ def _checked_canary_model_arguments(base, num_canaries, model_class):
     raise ValueError("base must be a built Keras model with one input and one output of "
                      f"logits [batch, K]; got inputs {base.inputs} and outputs {base.outputs}.")
   if model_class is None:
-    from tf_dpkit.models import DPModel  # pylint: disable=g-import-not-at-top
+    from tf_dpkit.dp_models import DPModel  # pylint: disable=g-import-not-at-top
     model_class = DPModel
   return m, model_class
 

@@ -9,6 +9,8 @@ graph) with ``rules`` (one file per layer, registered on the exact layer class),
 ``testing.check_layer_rule``.  ``groups`` holds per-layer (group-wise) clip norms.
 ``_keras_internals`` holds every private Keras API they use.
 """
+import importlib
+
 from tf_dpkit.clipping.clipped_sum import ClippedSum, clip_and_sum, global_norms
 from tf_dpkit.clipping.contract import per_example_losses, per_example_weights
 from tf_dpkit.clipping.fast_path import clipped_sum_fast, fast_path_available
@@ -26,3 +28,10 @@ __all__ = [
     "clipped_sum_vectorized", "split_into_microbatches", "per_example_losses",
     "per_example_weights", "LayerClipNorms",
 ]
+
+
+def __getattr__(name):
+  """Loads a renamed module's deprecated alias (examples) on first attribute access."""
+  if name in ("examples",):
+    return importlib.import_module(f"{__name__}.{name}")
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

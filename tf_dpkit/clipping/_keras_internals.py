@@ -160,7 +160,7 @@ def build_from_batch(model, data) -> None:
 # `strategy.reduce("MEAN", batch, axis=None)`, which the collective strategy cannot do eagerly
 # ("Attempt to convert a value (PerReplica...)"), and the train function reduces scalar logs
 # with `strategy.reduce("MEAN", value, axis=0)` ("Invalid reduction dimension 0 for input with
-# 0 dimensions").  DP models work around both (tf_dpkit.models).
+# 0 dimensions").  DP models work around both (tf_dpkit.dp_models).
 
 
 def multi_worker(model) -> bool:

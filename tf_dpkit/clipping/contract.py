@@ -232,7 +232,7 @@ def per_example_loss_function(loss_fn):
   ``loss_fn(y_true, y_pred)`` may return ``[b]`` or ``[b, ...]``; the result is the mean over
   the trailing axes (over unmasked positions when ``y_pred`` carries a Keras mask), with the
   shape checked by :func:`check_per_example_shape`.  Losses known to mix examples are refused.
-  Functions made here (or by ``tf_dpkit.models`` for several outputs) are returned unchanged.
+  Functions made here (or by ``tf_dpkit.dp_models`` for several outputs) are returned unchanged.
   """
   if getattr(loss_fn, "_tf_dpkit_per_example", False):
     return loss_fn

@@ -8,12 +8,14 @@
   shards, a student discriminator trained only on generated examples labelled by noisy teacher
   votes (tf_dpkit.pate aggregators, analysis.pate.PateAccountant), the generator trained
   against the student.
-* :mod:`tf_dpkit.generative.models`: small MLP and convolutional generator/discriminator
+* :mod:`tf_dpkit.generative.networks`: small MLP and convolutional generator/discriminator
   builders for MNIST.
 * :mod:`tf_dpkit.generative.evaluation`: TSTR for images (accuracy) and tables (AUROC / AUPRC
   over a fixed set of scikit-learn classifiers), Frechet distance, sample grids (evaluation
   uses real data and is not private).
 """
+import importlib
+
 from tf_dpkit.generative.dpgan import (DPGAN, GRADIENT_PENALTY_REFUSED, LOSSES,
                                        check_discriminator_examples_independent, sample)
 from tf_dpkit.generative.evaluation import (TABULAR_CLASSIFIERS, binary_auprc, binary_auroc,
@@ -22,8 +24,8 @@ from tf_dpkit.generative.evaluation import (TABULAR_CLASSIFIERS, binary_auprc, b
                                             mnist_feature_extractor, save_sample_grid,
                                             tabular_classifier, tstr_accuracy, tstr_classifier,
                                             tstr_tabular)
-from tf_dpkit.generative.models import (conv_discriminator, conv_generator, mlp_discriminator,
-                                        mlp_generator)
+from tf_dpkit.generative.networks import (conv_discriminator, conv_generator, mlp_discriminator,
+                                          mlp_generator)
 from tf_dpkit.generative.pategan import (PATE_AGGREGATORS, PATEGAN, affordable_queries,
                                          data_independent_epsilon, noise_scale_for_budget,
                                          teacher_ensemble_discriminator)
@@ -37,3 +39,10 @@ __all__ = [
     "PATE_AGGREGATORS", "affordable_queries",
     "data_independent_epsilon", "noise_scale_for_budget", "teacher_ensemble_discriminator",
 ]
+
+
+def __getattr__(name):
+  """Loads a renamed module's deprecated alias (models) on first attribute access."""
+  if name in ("models",):
+    return importlib.import_module(f"{__name__}.{name}")
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

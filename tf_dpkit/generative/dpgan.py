@@ -28,7 +28,7 @@ from analysis import _checks, calibration
 from tf_dpkit.budget import Phase, PrivacyLedger, ledger_array
 from tf_dpkit.clipping import fast_path
 from tf_dpkit.data.poisson import poisson_batches
-from tf_dpkit.model_gradients import METHODS, clipped_sum_for_model
+from tf_dpkit.dp_gradients import METHODS, clipped_sum_for_model
 from tf_dpkit.optimizers import (DPAdamGaussianOptimizer, DPGradientDescentGaussianOptimizer,
                                  DPRMSPropGaussianOptimizer)
 

@@ -24,7 +24,7 @@ import tensorflow as tf
 from analysis import _checks
 from analysis import calibration
 from analysis import compute_dp_sgd_privacy as _privacy_lib
-from tf_dpkit import models as _models
+from tf_dpkit import dp_models as _models
 from tf_dpkit.optimizers import accumulation as _accumulation
 from tf_dpkit.optimizers import is_dp_optimizer, make_gaussian_optimizer_class
 from tf_dpkit.optimizers.certificate import NOT_PRIVATE_MESSAGE
