@@ -189,10 +189,11 @@ def keep_freed_host_memory() -> bool:
   It does nothing (and returns False) unless all of these hold: the C library is glibc;
   ``TF_DPKIT_KEEP_FREED_MEMORY`` is not ``"0"``; the user set none of glibc's ``MALLOC_TOP_PAD_``,
   ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` or the ``GLIBC_TUNABLES`` variable (their
-  choice stands); and TensorFlow has not started its eager context.  The last condition is
-  measured, not cautious: the same ``mallopt`` made after TensorFlow's threads exist left the
-  conv op's faults in place (4,097 per step at batch 256), made after ``import tensorflow`` but
-  before the first op or strategy it removed them (``benchmarks/first_conv_methods.py``).
+  choice stands); and TensorFlow has not started its eager context.  The last condition is a
+  requirement: a ``mallopt`` made once TensorFlow's worker threads exist does not remove the
+  conv op's page faults, one made after ``import tensorflow`` but before the first op or
+  strategy does (``benchmarks/first_conv_methods.py``; results and method in
+  ``benchmarks/results/distributed.md``).
 
   Effect on the process: every ``malloc`` arena keeps up to 64 MiB of freed memory at its top
   instead of returning it to the operating system (glibc makes at most 8 arenas per core), and
@@ -252,10 +253,10 @@ def host_keeps_freed_memory() -> bool:
   per-example op (oneDNN's depthwise filter gradient, used for inputs of 1-3 channels) runs on
   TensorFlow's worker threads and takes a scratch buffer of about 64 KiB per example each step;
   without the pad glibc maps and unmaps it every step, so each step faults in 16 fresh pages per
-  example (measured at batch 256: 4,097 minor faults and about twice the op's time; none with
-  the pad; ``benchmarks/results/distributed.md``).  So under a strategy the conv rule uses that
-  op only when this returns True, else it unfolds patches (about 0.3x of a non-private CNN step
-  slower); both give the same per-example gradients.
+  example, and none with the pad (``benchmarks/distributed.py``; the numbers are in
+  ``benchmarks/results/distributed.md``).  So under a strategy the conv rule uses that op only
+  when this returns True, else it unfolds patches (slower, same benchmark); both give the same
+  per-example gradients.
   """
   if not _on_glibc():
     return False

@@ -18,7 +18,7 @@ def _fd_series_max_x(n: np.ndarray) -> np.ndarray:
   """Largest x_n = m n (n - 1) at which Delta^n is summed as a positive series.
 
   n (ln(n) / 2 + 1) + 20: about twice the x at which the alternating binomial sum's condition
-  number falls below 1e4 (measured with mpmath for n <= 1025); beyond it that sum is used, with
+  number falls below 1e4 (computed with mpmath for n <= 1025); beyond it that sum is used, with
   its round-off bound.
   """
   return n * (0.5 * np.log(np.maximum(n, 1.0)) + 1.0) + 20.0

@@ -195,8 +195,8 @@ def load(source: str = "shipped"
       order) or ``"auto"`` (the first of these three that delivers); see the module docstring.
 
   Every array is checked against its pinned SHA-256 digest (:data:`SHA256`; for ``"tfds"`` the
-  order-free :data:`MULTISET_SHA256`) on first decode.  The shipped copy is cached in-process
-  (decoding takes ~0.3 s), so repeated calls return the SAME array objects; all returned arrays
+  order-free :data:`MULTISET_SHA256`) on first decode.  The shipped copy is decoded once and
+  cached in-process, so repeated calls return the SAME array objects; all returned arrays
   are read-only (``writeable=False``) so that no caller can alter what the next caller gets.
   Copy (``x.copy()``, ``x.astype(...)``) before modifying in place.
 

@@ -364,8 +364,9 @@ class DPGAN:
     (the same device as ``poisson_batches``' empty-draw placeholder): the clipped sum, the noise
     and the normaliser ``qN`` are unchanged, so the mechanism is the same.  The pad content is
     a constant, independent of the data.  Padding makes batch shapes static per bucket (a few
-    traces per run): with a dynamic batch dimension the fast path loses the cheap Gram form of
-    Dense-layer norms and becomes about 30 times slower.
+    traces per run), so the fast path's rules see a known batch size when they choose their
+    form (e.g. the Gram form of Dense-layer norms); ``benchmarks/dynamic_batch.py`` compares a
+    known and an unknown batch size.
     """
     b = int(x.shape[0])
     extra = -b % self._pad_multiple

@@ -13,10 +13,10 @@
 // image, and the kernel gradient is formed block by block (a few taps x up to 32 filters, held
 // in registers; k S kh kw C P multiply-adds), squared as it completes and written out only with
 // keep_grads.  Entries are float32 sums over the positions and examples (as TensorFlow's filter
-// gradient); their squares are totalled in double.  Work is split over microbatches.  (A Gram
-// form, sum over position pairs of <patch_q, patch_r> <g_q, g_r>, was slower here even where it
-// needs half the multiply-adds; the caller uses its TensorFlow-op Gram form where that is much
-// cheaper.)
+// gradient); their squares are totalled in double.  Work is split over microbatches.  (No Gram
+// form, sum over position pairs of <patch_q, patch_r> <g_q, g_r>, here: the caller uses its
+// TensorFlow-op Gram form where that needs far fewer multiply-adds, conv._NATIVE_ADVANTAGE;
+// benchmarks/conv_norms.py compares the two per layer shape.)
 #include "kernels.h"
 
 namespace tf_dpkit {
@@ -111,8 +111,8 @@ double RunSquares(const Group& grp, int64_t t0, int64_t index, int64_t taps, int
   return total;
 }
 
-// Blocks of 24 accumulators (32 vector registers with AVX-512; measured about 10% faster than
-// 16 for 32 filters, and no slower for 16).
+// Blocks of 24 accumulators (4 vectors x 6 taps for 32 filters, 2 x 12 for 16), within the 32
+// vector registers of AVX-512; the block sizes are chosen with benchmarks/conv_norms.py.
 double RunAllFilters(const Group& grp, int64_t t0, int64_t index, int64_t taps) {
   double total = 0.0;
   int64_t p = 0;

@@ -82,8 +82,9 @@ def _teacher_dense_class():
     CPU only under oneDNN (TensorFlow raises "Gradients for grouped convolutions are not
     supported on CPU" where oneDNN is off, the default on CPUs without AVX-512), and Keras 3
     runs grouped convolutions on CPU through XLA, whose gradient is far slower.  The ordinary
-    convolution and its gradients exist on every device; with oneDNN on, the per-teacher form
-    measured as fast as the grouped op (``T = 250``, the tutorial's network)."""
+    convolution and its gradients exist on every device, so this one form serves every build
+    (each teacher equals a plain Keras CNN holding its weights:
+    tests/tf_dpkit/pate/test_teachers.py)."""
 
     def __init__(self, num_teachers, filters, kernel_size=5, strides=2, activation=None,
                  **kwargs):

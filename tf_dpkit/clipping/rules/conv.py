@@ -189,8 +189,9 @@ def conv_rule(layer, inputs):
   strides = list(layer.strides) if rank == 2 else [1] + list(layer.strides)
   dilations = list(layer.dilation_rate) if rank == 2 else [1] + list(layer.dilation_rate)
   padding = layer.padding.upper()
-  # tf.nn.convolution, not tf.nn.conv2d: without oneDNN (e.g. on AMD CPUs) Conv2DBackpropInput
-  # rejects dilation > 1, while convolution handles dilation by space-to-batch.
+  # tf.nn.convolution, not tf.nn.conv2d: without oneDNN (the default on CPUs without AVX-512)
+  # Conv2DBackpropInput rejects dilation > 1, while convolution handles dilation by
+  # space-to-batch.
   z = tf.nn.convolution(x, kernel, strides=strides, padding=padding, dilations=dilations)
   if layer.use_bias:
     z = z + layer.bias
