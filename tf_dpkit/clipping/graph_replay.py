@@ -124,20 +124,27 @@ def plan_replay(vector_loss, var_list) -> ReplayPlan:
                        "default under TF2 behaviour)")
   batch = _static(vector_loss.shape[0]) if vector_loss.shape.rank == 1 else None
   ancestors = _postorder(vector_loss.op, lambda op: op.type not in BATCH_SOURCE_TYPES)
-  sources, source_refs, dependent = [], set(), set()
+  sources, batch_major, dependent = [], {}, set()
+
+  def depends(t):  # whether tensor t holds rows of the batch (source outputs judged when read)
+    if t.op.type in BATCH_SOURCE_TYPES and t.ref() not in batch_major:
+      batch_major[t.ref()] = _batch_major(t, batch, random_draw=False)
+      if batch_major[t.ref()]:
+        sources.append(t)
+    return batch_major.get(t.ref(), False) or t.op in dependent
+
   for op in ancestors:  # inputs before users
     if op.type in BATCH_SOURCE_TYPES:
-      found = [t for t in op.outputs if _batch_major(t, batch, random_draw=False)]
-    else:
-      inputs = [t.ref() in source_refs or t.op in dependent for t in op.inputs]
-      if not any(inputs):
-        continue
-      if op.type not in RANDOM_TYPES or any(inputs[1:]):
-        dependent.add(op)
-        continue
-      found = [t for t in op.outputs if _batch_major(t, batch, random_draw=True)]
-    sources.extend(found)
-    source_refs.update(t.ref() for t in found)
+      continue
+    inputs = [depends(t) for t in op.inputs]
+    if not any(inputs):
+      continue
+    if op.type not in RANDOM_TYPES or any(inputs[1:]):
+      dependent.add(op)
+      continue
+    for t in op.outputs:  # a draw shaped like the batch: each copy reads its own rows
+      batch_major[t.ref()] = _batch_major(t, batch, random_draw=True)
+      sources.append(t)
   if vector_loss.op not in dependent:
     raise Unreplayable("the loss does not depend on a placeholder or tf.data iterator input")
   replay = [op for op in _postorder(
@@ -145,7 +152,7 @@ def plan_replay(vector_loss, var_list) -> ReplayPlan:
   used = set()
   for op in replay:
     _check_replayable(op)
-    used.update(t.ref() for t in op.inputs if t.ref() in source_refs)
+    used.update(t.ref() for t in op.inputs if batch_major.get(t.ref(), False))
   return ReplayPlan(vector_loss, [t for t in sources if t.ref() in used], replay)
 
 
