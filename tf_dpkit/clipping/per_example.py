@@ -4,7 +4,9 @@
   already computed on a tape, so per-microbatch gradients are rows of the Jacobian
   ``d loss_mb / d theta`` (vectorized with pfor).  Cost grows with
   ``num_microbatches x batch``: fine for few microbatches, slow for per-example clipping of
-  big batches.  That is inherent to the "vector loss + tape" interface.
+  big batches.  That is inherent to the "vector loss + tape" interface; in a ``tf.compat.v1``
+  graph, where the ops between the inputs and the loss can be re-run, ``graph_replay``
+  replays them per microbatch instead (about linear in the batch) and falls back to this.
 * :func:`clipped_sum_vectorized` -- the model interface: a loss *function* of a microbatch is
   mapped over microbatches with ``tf.vectorized_map`` (``tf.map_fn`` where ``pfor`` cannot
   vectorise the model, e.g. masked recurrent layers), so each example's backward pass only
