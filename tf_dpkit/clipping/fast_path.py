@@ -346,6 +346,85 @@ def forward_with_rules(model, graph, x, batch):
   return y_pred, records, finite_examples
 
 
+def _finite_microbatch_norms(records, output_grads, finite_examples, per_example, groups, scale):
+  """Backward phase 1: which microbatches are finite, and their gradient norms.
+
+  A microbatch with an inf/NaN entry in a rule's input (read as 0 there), in its weighted loss
+  or in an output gradient (e.g. a float16 overflow of the scaled backward pass) is zeroed
+  before any norm (``tf.where``: its rows of g become exact zeros, the rules' inputs are finite,
+  so its share of every norm and clipped sum is exactly 0); squares are summed in float32 and
+  divided by ``S^2`` (norms of the unscaled gradients).
+
+  Returns ``(output_grads, squared_by_record, norms, finite)``: the output gradients with the
+  non-finite microbatches' rows zeroed, per record the [M] squared norms of its layer's share,
+  the [M] norms ``sqrt(sum over records)``, and the [M] flags of the finite microbatches (a
+  microbatch whose squared norm overflows float32 is not finite either; its squares are 0).
+  """
+  flat_grads = [g for g in tf.nest.flatten(output_grads) if g is not None]
+  examples_ok = finite_examples + [tf.math.is_finite(per_example)]
+  finite = tf.logical_and(
+      finite_rows(flat_grads, groups),
+      tf.reduce_all(tf.reshape(tf.stack(examples_ok), tf.stack([len(examples_ok), groups, -1])),
+                    axis=[0, 2]))
+  output_grads = tf.nest.map_structure(lambda g: zero_rows(g, finite), output_grads)
+  squared_by_record = [tf.cast(trace.squared_norms(g, groups), tf.float32) / (scale * scale)
+                       for (_, trace), g in zip(records, output_grads)]
+  finite = tf.logical_and(finite, tf.math.is_finite(tf.add_n(squared_by_record)))
+  squared_by_record = [tf.where(finite, sq, tf.zeros_like(sq)) for sq in squared_by_record]
+  norms = tf.sqrt(tf.maximum(tf.add_n(squared_by_record), 0.0))
+  return output_grads, squared_by_record, norms, finite
+
+
+def _record_clip_factors(records, squared_by_record, norms, finite, l2_norm_clip):
+  """Backward phase 2: per record, the [M] factors ``min(1, C / norm)`` its layer's share of
+  each microbatch gradient is multiplied by.
+
+  With one clip norm C every record gets the same factors (``clip_factors`` of the total
+  norms); with per-layer clip norms (``tf_dpkit.clipping.groups``) each record gets its group's
+  factors, formed from the squared norms of that group's records.  A microbatch that is not
+  ``finite`` gets factor 0: it is left out of the sum.
+  """
+  if hasattr(l2_norm_clip, "group_of"):  # per-layer clip norms (tf_dpkit.clipping.groups)
+    record_group = [l2_norm_clip.group_of(layer.trainable_variables) for layer, _ in records]
+    zero = tf.zeros_like(norms)
+    group_factors = l2_norm_clip.factors([
+        tf.add_n([zero] + [sq for sq, k in zip(squared_by_record, record_group) if k == group])
+        for group in range(len(l2_norm_clip.clips))])
+    record_factors = [group_factors[k] for k in record_group]
+  else:
+    record_factors = [clip_factors(norms, l2_norm_clip)] * len(records)
+  return [tf.where(finite, f, tf.zeros_like(f)) for f in record_factors]
+
+
+def _clipped_sums_by_variable(model, tape, records, output_grads, record_factors, group_size,
+                              batch, scale):
+  """Backward phase 3: the clipped sums ``sum_j factor_j * g_j`` aligned with
+  ``model.trainable_variables``, divided by the loss scale ``S`` and cast to each variable's
+  dtype.
+
+  A record's rule forms its layer's sums directly (``trace.clipped_sum(factors)``) or, when it
+  has no such form, they are one vector-Jacobian product on ``tape`` with each example's output
+  gradient weighted by its microbatch's factor.  A variable no record reaches gets zeros.
+  """
+  variables = model.trainable_variables
+  index = {id(v): i for i, v in enumerate(variables)}
+  sums = [None] * len(variables)
+  for (layer, trace), g, factors in zip(records, output_grads, record_factors):
+    layer_vars = layer.trainable_variables
+    layer_sums = trace.clipped_sum(factors) if trace.clipped_sum is not None else None
+    if layer_sums is None:
+      example_factors = tf.repeat(factors, group_size)
+      shape = tf.concat([[batch], tf.ones([tf.rank(g) - 1], tf.int32)], 0)
+      weighted = g * tf.reshape(tf.cast(example_factors, g.dtype), shape)
+      layer_sums = tape.gradient(trace.watched, layer_vars, output_gradients=weighted,
+                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    for v, grad in zip(layer_vars, layer_sums):
+      grad = tf.cast(at_least_float32(tf.convert_to_tensor(grad)) / scale, v.dtype)
+      i = index[id(v)]
+      sums[i] = grad if sums[i] is None else sums[i] + grad
+  return [tf.zeros_like(v) if s is None else s for v, s in zip(variables, sums)]
+
+
 def backward_with_rules(model, tape, records, output_grads, finite_examples, per_example, groups,
                         group_size, batch, scale, l2_norm_clip):
   """The fast path's backward phase: output gradients -> per-microbatch norms -> clip factors
@@ -365,56 +444,71 @@ def backward_with_rules(model, tape, records, output_grads, finite_examples, per
   Returns:
     the ``ClippedSum``.
   """
+  output_grads, squared_by_record, norms, finite = _finite_microbatch_norms(
+      records, output_grads, finite_examples, per_example, groups, scale)
+  record_factors = _record_clip_factors(records, squared_by_record, norms, finite, l2_norm_clip)
+  sums = _clipped_sums_by_variable(model, tape, records, output_grads, record_factors,
+                                   group_size, batch, scale)
   per_group = tf.cast(group_size, tf.float32)
-  # How per-microbatch norms are formed, in one place: a microbatch with an inf/NaN entry in
-  # a rule's input (read as 0 there), in its weighted loss or in an output gradient (e.g. a
-  # float16 overflow of the scaled backward pass) is zeroed before any norm (tf.where: its
-  # rows of g become exact zeros, the rules' inputs are finite, so its share of every norm and
-  # clipped sum is exactly 0); squares are summed in float32 and divided by S^2 (norms of the
-  # unscaled gradients).
-  flat_grads = [g for g in tf.nest.flatten(output_grads) if g is not None]
-  examples_ok = finite_examples + [tf.math.is_finite(per_example)]
-  finite = tf.logical_and(
-      finite_rows(flat_grads, groups),
-      tf.reduce_all(tf.reshape(tf.stack(examples_ok), tf.stack([len(examples_ok), groups, -1])),
-                    axis=[0, 2]))
-  output_grads = tf.nest.map_structure(lambda g: zero_rows(g, finite), output_grads)
-  squared_by_record = [tf.cast(trace.squared_norms(g, groups), tf.float32) / (scale * scale)
-                       for (_, trace), g in zip(records, output_grads)]
-  finite = tf.logical_and(finite, tf.math.is_finite(tf.add_n(squared_by_record)))
-  squared_by_record = [tf.where(finite, sq, tf.zeros_like(sq)) for sq in squared_by_record]
-  norms = tf.sqrt(tf.maximum(tf.add_n(squared_by_record), 0.0))
-  if hasattr(l2_norm_clip, "group_of"):  # per-layer clip norms (tf_dpkit.clipping.groups)
-    record_group = [l2_norm_clip.group_of(layer.trainable_variables) for layer, _ in records]
-    zero = tf.zeros_like(norms)
-    group_factors = l2_norm_clip.factors([
-        tf.add_n([zero] + [sq for sq, k in zip(squared_by_record, record_group) if k == group])
-        for group in range(len(l2_norm_clip.clips))])
-    record_factors = [group_factors[k] for k in record_group]
-  else:
-    record_factors = [clip_factors(norms, l2_norm_clip)] * len(records)
-  # A microbatch whose norm is not finite (float32 overflow of its squares) is left out: factor 0.
-  record_factors = [tf.where(finite, f, tf.zeros_like(f)) for f in record_factors]
-
-  variables = model.trainable_variables
-  index = {id(v): i for i, v in enumerate(variables)}
-  sums = [None] * len(variables)
-  for (layer, trace), g, factors in zip(records, output_grads, record_factors):
-    layer_vars = layer.trainable_variables
-    layer_sums = trace.clipped_sum(factors) if trace.clipped_sum is not None else None
-    if layer_sums is None:
-      example_factors = tf.repeat(factors, group_size)
-      shape = tf.concat([[batch], tf.ones([tf.rank(g) - 1], tf.int32)], 0)
-      weighted = g * tf.reshape(tf.cast(example_factors, g.dtype), shape)
-      layer_sums = tape.gradient(trace.watched, layer_vars, output_gradients=weighted,
-                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    for v, grad in zip(layer_vars, layer_sums):
-      grad = tf.cast(at_least_float32(tf.convert_to_tensor(grad)) / scale, v.dtype)
-      i = index[id(v)]
-      sums[i] = grad if sums[i] is None else sums[i] + grad
-  sums = [tf.zeros_like(v) if s is None else s for v, s in zip(variables, sums)]
   losses = tf.reduce_sum(tf.reshape(per_example, [groups, -1]), axis=1) / per_group
   return issue_clipped_sum(sums, norms, losses, l2_norm_clip)
+
+
+def _checked_microbatched_inputs(inputs, num_microbatches, microbatch_size):
+  """:func:`clipped_sum_fast`'s first phase: the batch size B, the microbatch count M, and the
+  inputs routed through the checks on both.
+
+  M is ``num_microbatches``; else ``B // microbatch_size`` (a Python int when B is static, so
+  that the rules keep static shapes, else known when the step runs); else one microbatch per
+  example, marked (``per_example_groups``) so that rules keep static per-example shapes when B
+  is unknown while tracing.  The checks (B >= 1, k or M divides B) run before any op reads the
+  inputs, so that none (e.g. a rule reshaping the raw input into microbatches) fails first
+  with a less helpful error.  Returns ``(x, y, sample_weight, batch, groups)``, ``sample_weight``
+  as [B] weights (``per_example_weights``).
+  """
+  microbatch_size = check_grouping(num_microbatches, microbatch_size)
+  x, y, sample_weight = inputs
+  batch = tf.shape(tf.nest.flatten(x)[0])[0]
+  sample_weight = per_example_weights(sample_weight, batch)
+  checks = [assert_nonempty(batch)]
+  if microbatch_size is not None:
+    static_batch = tf.compat.dimension_value(tf.nest.flatten(x)[0].shape[0])
+    checks += rows_divisible_checks(batch, microbatch_size, static_batch)
+    groups = (batch // microbatch_size if static_batch is None
+              else static_batch // microbatch_size)
+  else:
+    groups = per_example_groups(batch) if num_microbatches is None else num_microbatches
+  if num_microbatches is not None:
+    checks.append(tf.debugging.assert_equal(
+        batch % num_microbatches, 0,
+        message=f"num_microbatches={num_microbatches} must divide the batch size. For the last, "
+        "smaller batch use `drop_remainder=True` in the input pipeline, or "
+        "`num_microbatches=None` (one microbatch per example)."))
+  with tf.control_dependencies(checks):
+    x, y, sample_weight = tf.nest.map_structure(tf.identity, (x, y, sample_weight))
+  return x, y, sample_weight, batch, groups
+
+
+def _forward_and_output_gradients(model, graph, per_example_loss_fn, x, y, sample_weight, batch,
+                                  group_size, loss_scale):
+  """:func:`clipped_sum_fast`'s second phase: the forward pass with the rules
+  (:func:`forward_with_rules`) and the weighted per-example losses ``L_i`` under a persistent
+  tape, then the output gradients ``g = d(S * sum_i L_i / k) / d trace.watched`` of every record.
+
+  Returns ``(tape, y_pred, records, finite_examples, per_example, output_grads, scale)``; the
+  caller deletes ``tape`` once the backward phase has used it.
+  """
+  per_group = tf.cast(group_size, tf.float32)
+  with tf.GradientTape(persistent=True) as tape:
+    y_pred, records, finite_examples = forward_with_rules(model, graph, x, batch)
+    per_example = isolated_per_example_losses(per_example_loss_fn, y, y_pred, batch)
+    per_example *= tf.cast(sample_weight, per_example.dtype)
+    total = tf.reduce_sum(per_example) / tf.cast(per_group, per_example.dtype)
+    scale = 1.0 if loss_scale is None else float(loss_scale)
+    scaled_total = total * scale if loss_scale is not None else total
+  output_grads = tape.gradient(scaled_total, [trace.watched for _, trace in records],
+                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
+  return tape, y_pred, records, finite_examples, per_example, output_grads, scale
 
 
 def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_microbatches=None,
@@ -424,7 +518,7 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
   Args:
     model: a built Keras functional or Sequential model (see :func:`fast_path_available`).
     per_example_loss_fn: ``f(y_true, y_pred) -> [b]`` (or [b, ...], averaged per example, see
-      ``examples.per_example_loss_function``); it is applied to each example alone.
+      ``contract.per_example_loss_function``); it is applied to each example alone.
     inputs: ``(x, y, sample_weight)`` with batch dimension B >= 1; ``sample_weight`` ([B] or
       [B, 1]) multiplies each example's loss.
     l2_norm_clip: clip norm C > 0, or per-layer clip norms resolved for ``model``
@@ -444,45 +538,14 @@ def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_micro
     ``(ClippedSum, y_pred)``; the sums are aligned with ``model.trainable_variables``.
   """
   graph = check_fast_path_model(model)
-  microbatch_size = check_grouping(num_microbatches, microbatch_size)
-  x, y, sample_weight = inputs
-  batch = tf.shape(tf.nest.flatten(x)[0])[0]
-  sample_weight = per_example_weights(sample_weight, batch)
-  checks = [assert_nonempty(batch)]
-  if microbatch_size is not None:
-    # k consecutive rows per microbatch: M = B / k, a Python int when B is static (the rules
-    # then keep static shapes), else known when the step runs.
-    static_batch = tf.compat.dimension_value(tf.nest.flatten(x)[0].shape[0])
-    checks += rows_divisible_checks(batch, microbatch_size, static_batch)
-    groups = (batch // microbatch_size if static_batch is None
-              else static_batch // microbatch_size)
-  else:
-    # One microbatch per example: marked, so that rules keep static per-example shapes (and
-    # choose their cheaper form) when the batch size is unknown while tracing.
-    groups = per_example_groups(batch) if num_microbatches is None else num_microbatches
-  if num_microbatches is not None:
-    checks.append(tf.debugging.assert_equal(
-        batch % num_microbatches, 0,
-        message=f"num_microbatches={num_microbatches} must divide the batch size. For the last, "
-        "smaller batch use `drop_remainder=True` in the input pipeline, or "
-        "`num_microbatches=None` (one microbatch per example)."))
-  # Route every input through the checks, so that no op (e.g. a rule reshaping the raw input
-  # into microbatches) can fail with a less helpful error before they have run.
-  with tf.control_dependencies(checks):
-    x, y, sample_weight = tf.nest.map_structure(tf.identity, (x, y, sample_weight))
+  x, y, sample_weight, batch, groups = _checked_microbatched_inputs(
+      inputs, num_microbatches, microbatch_size)
   # max(M, 1): an empty batch must fail at the checks above (which a graph may run later),
   # not with an integer division by zero.
   group_size = batch // tf.maximum(groups, 1)  # examples per microbatch
-  per_group = tf.cast(group_size, tf.float32)
-  with tf.GradientTape(persistent=True) as tape:
-    y_pred, records, finite_examples = forward_with_rules(model, graph, x, batch)
-    per_example = isolated_per_example_losses(per_example_loss_fn, y, y_pred, batch)
-    per_example *= tf.cast(sample_weight, per_example.dtype)
-    total = tf.reduce_sum(per_example) / tf.cast(per_group, per_example.dtype)
-    scale = 1.0 if loss_scale is None else float(loss_scale)
-    scaled_total = total * scale if loss_scale is not None else total
-  output_grads = tape.gradient(scaled_total, [trace.watched for _, trace in records],
-                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
+  tape, y_pred, records, finite_examples, per_example, output_grads, scale = (
+      _forward_and_output_gradients(model, graph, per_example_loss_fn, x, y, sample_weight,
+                                    batch, group_size, loss_scale))
   clipped = backward_with_rules(model, tape, records, output_grads, finite_examples,
                                 per_example, groups, group_size, batch, scale, l2_norm_clip)
   del tape
