@@ -157,7 +157,13 @@ def _minus_first(x, y, mask):
   return _vector_loss(x - x[0:1], y, mask)
 
 
-@pytest.mark.parametrize("mixing", [_mean_repeated, _batch_norm_like, _minus_first])
+def _slightly_mixed(x, y, mask):
+  per_example = _vector_loss(x, y, mask)
+  return per_example + 0.005 * tf.reduce_mean(per_example)  # about 0.5% of an entry
+
+
+@pytest.mark.parametrize("mixing", [_mean_repeated, _batch_norm_like, _minus_first,
+                                    _slightly_mixed])
 @pytest.mark.parametrize("num_microbatches", [None, 2])
 def test_a_loss_that_mixes_examples_is_stopped_before_any_update(mixing, num_microbatches):
   with tf.Graph().as_default() as graph:
