@@ -6,7 +6,7 @@ Both should cost the same: the linear rules keep every static size except the ba
 import time, sys
 import numpy as np, tensorflow as tf, keras
 from tf_dpkit.clipping import clipped_sum_fast
-from tf_dpkit.clipping.examples import per_example_loss_function
+from tf_dpkit.clipping.contract import per_example_loss_function
 
 B = int(sys.argv[1]) if len(sys.argv) > 1 else 256
 kind = sys.argv[2] if len(sys.argv) > 2 else "mlp"

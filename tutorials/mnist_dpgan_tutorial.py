@@ -11,7 +11,7 @@ what is clipped).  The noise multiplier is calibrated so that --generator_steps 
 --discriminator_steps discriminator steps meet (--target_epsilon, --delta); training also stops
 at the budget.  --target_epsilon=inf trains without noise (per-example clipping kept; no
 privacy guarantee).  --generator and --discriminator pick the networks
-(tf_dpkit/generative/models.py).  Defaults: a DCGAN-style conv generator with
+(tf_dpkit/generative/networks.py).  Defaults: a DCGAN-style conv generator with
 --generator_filters (32) and an MLP discriminator with a projection label head
 (--discriminator_conditioning=projection; "concat" appends the label to the image instead).
 "--generator=mlp" is an MLP generator with BatchNormalization; "--discriminator=conv" a

@@ -17,7 +17,7 @@ epsilon is the same as without k.
 
 ``--dtype_policy=mixed_float16`` (or ``mixed_bfloat16``) trains under that Keras mixed-precision
 policy, with float32 logits; per-example norms and clipping stay in float32, and float16 uses
-the DP optimizer's static loss scale (``tf_dpkit.models``), never Keras's dynamic one.
+the DP optimizer's static loss scale (``tf_dpkit.dp_models``), never Keras's dynamic one.
 
 ``--recipe=best`` trains the tuned configuration that reaches about 98% test accuracy at
 epsilon 3 (``recipes.py`` lists its values; explicit flags override them): tanh activations

@@ -14,7 +14,7 @@ reports the smooth-sensitivity release of the data-dependent bound (PATE 2018, S
 publishable, a noisy estimate).  --target_epsilon=inf: noiseless teacher majority (no
 privacy).  Networks: --generator=mlp (default; MLP with BatchNorm) or conv (DCGAN-style,
 --generator_filters), and an MLP student with --student_conditioning=concat (default) or
-projection (tf_dpkit/generative/models.py); the teachers are small batched MLPs.
+projection (tf_dpkit/generative/networks.py); the teachers are small batched MLPs.
 
 Writes to --output_dir:
   generator.keras  the conditional generator: inputs [noise [B, latent_dim] ~ N(0, I),

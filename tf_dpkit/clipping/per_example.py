@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from analysis import _checks
 from tf_dpkit.clipping.clipped_sum import clip_and_sum, finite_microbatches, issue_clipped_sum
-from tf_dpkit.clipping.examples import map_examples
+from tf_dpkit.clipping.contract import map_examples
 
 
 def _static_batch_size(tensor):
