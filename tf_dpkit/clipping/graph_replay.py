@@ -16,10 +16,9 @@ Design: ``docs/design/clipping_graph_replay.md``.
 """
 from __future__ import annotations
 
-import warnings
-
 import tensorflow as tf
 
+from tf_dpkit.clipping import swap
 from tf_dpkit.clipping.clipped_sum import clip_and_sum, issue_clipped_sum
 from tf_dpkit.clipping.contract import map_examples
 from tf_dpkit.clipping.per_example import split_into_microbatches
@@ -275,7 +274,6 @@ def clipped_sum_for_v1_optimizer(optimizer, vector_loss, var_list, l2_norm_clip,
       return clipped_sum_replayed(plan, var_list, l2_norm_clip, num_microbatches)
   except Unreplayable as e:
     why = str(e)
-  if not getattr(optimizer, "_dp_warned_jacobian", False):
-    object.__setattr__(optimizer, "_dp_warned_jacobian", True)
-    warnings.warn(replay_message(type(optimizer).__name__, why), UserWarning, stacklevel=4)
+  swap.warn_jacobian_path(optimizer, message=replay_message(type(optimizer).__name__, why),
+                          stacklevel=4)
   return None

@@ -251,13 +251,15 @@ def jacobian_path_message(owner, why=None) -> str:
       "x, y).")
 
 
-def warn_jacobian_path(optimizer, why=None) -> None:
+def warn_jacobian_path(optimizer, why=None, *, message=None, stacklevel=3) -> None:
   """Warns once per ``optimizer`` that it takes the Jacobian path (at trace time under
-  ``tf.function``)."""
+  ``tf.function``): ``message``, or :func:`jacobian_path_message` with ``why``."""
   if getattr(optimizer, "_dp_warned_jacobian", False):
     return
   object.__setattr__(optimizer, "_dp_warned_jacobian", True)
-  warnings.warn(jacobian_path_message(type(optimizer).__name__, why), UserWarning, stacklevel=3)
+  if message is None:
+    message = jacobian_path_message(type(optimizer).__name__, why)
+  warnings.warn(message, UserWarning, stacklevel=stacklevel)
 
 
 def clipped_sum_for_optimizer(optimizer, vector_loss, var_list, tape, l2_norm_clip,
