@@ -3,7 +3,8 @@
 References: TensorFlow's own Philox uniforms (``StatelessRandomUniformV2`` for the same key and
 counter) put through the Box-Muller transform in float64 numpy, and tf_dpkit's TensorFlow-op
 sampler (noise); brute-force token sums (Embedding); TensorFlow's own float64 convolution
-gradient of each example (convolution).  Plus the fallbacks: switched off, no compiler, a
+gradient of each example (convolution); the max-pooling kernel's own tests are in
+test_pooling.py.  Plus the fallbacks: switched off, no compiler, a
 library that fails its self-check, XLA, accelerators and dtypes the kernels do not take; and the
 kernel cache's refusals (a folder of another user or writable by others, a library that does
 not match its recorded digest, symbolic links), checked on copies of this session's build.
@@ -25,7 +26,7 @@ import tensorflow as tf
 from tf_dpkit import native, noise
 
 LOADED = {family: native.kernels(family) for family in native.FAMILIES}
-# Every family's ops in one namespace (None unless all three loaded).
+# Every family's ops in one namespace (None unless all of them loaded).
 KERNELS = (None if None in LOADED.values() else types.SimpleNamespace(**{
     name: getattr(ops, name) for ops in LOADED.values() for name in dir(ops)
     if name.startswith("dpkit_")}))
@@ -205,18 +206,37 @@ def test_a_library_that_fails_the_self_check_is_not_used(monkeypatch):
       counted = tf.cast(tf.logical_and(ids >= 0, ids < tf.cast(vocab, tf.int32)), tf.float32)
       return tf.reduce_sum(tf.reduce_sum(tf.square(rows), axis=2) * counted, axis=1)
 
+  class LastMaximum:  # ties to the last maximum of a window (the pooling reference: the first)
+    @staticmethod
+    def dpkit_max_pool_grad(x, g, ksize, strides, pads):
+      flipped = KERNELS.dpkit_max_pool_grad(x[:, ::-1, ::-1], g[:, ::-1, ::-1], ksize=ksize,
+                                            strides=strides, pads=pads)
+      return flipped[:, ::-1, ::-1]
+
   class Missing:  # a library without the ops
     pass
 
   for family, fake, reason in (
       ("noise", Broken, "largest difference"), ("embedding", DropsRepeats, "largest difference"),
-      ("conv", DropsConvBias, "largest difference"), ("noise", Missing, "AttributeError"),
-      ("embedding", Missing, "AttributeError"), ("conv", Missing, "AttributeError")):
+      ("conv", DropsConvBias, "largest difference"), ("pool", LastMaximum, "largest difference"),
+      ("noise", Missing, "AttributeError"), ("embedding", Missing, "AttributeError"),
+      ("conv", Missing, "AttributeError"), ("pool", Missing, "AttributeError")):
     monkeypatch.setattr(tf, "load_op_library", lambda path, fake=fake: fake)
     with pytest.raises(native.NativeUnavailable, match=f"fake failed its self-check.*{reason}"):
       native._load_and_check(family, b"not loaded", "fake")
   for family in native.FAMILIES:
     assert native._SELF_CHECKS[family](LOADED[family]) <= native.SELF_CHECK_TOLERANCE
+
+
+def test_with_a_compiler_every_family_builds_loads_and_passes_its_self_check():
+  # Without this, a kernel that fails its self-check would only make the kernel tests skip.
+  if not native.enabled():
+    pytest.skip(f"compiled kernels switched off: {native.status()}")
+  try:
+    native._compiler()
+  except native.NativeUnavailable as error:
+    pytest.skip(str(error))
+  assert None not in LOADED.values(), native.status()
 
 
 @needs_kernels

@@ -12,7 +12,7 @@ import keras
 import tensorflow as tf
 
 from tf_dpkit.clipping import _keras_internals as internals
-from tf_dpkit.clipping import independence
+from tf_dpkit.clipping import independence, pooling
 from tf_dpkit.clipping.clipped_sum import (at_least_float32, clip_factors, finite_entries,
                                            finite_rows, issue_clipped_sum, zero_rows)
 from tf_dpkit.clipping.contract import (isolated_per_example_losses, map_examples,
@@ -310,7 +310,10 @@ def forward_with_rules(model, graph, x, batch):
 
     def call(*args, **kwargs):
       if not getattr(layer, "trainable_weights", None):
-        return default(*args, **kwargs)
+        plain_call = len(args) == 1 and not {k for k, v in kwargs.items()
+                                             if v is not None and k != "training"}
+        outputs = pooling.fast_call(layer, args[0]) if plain_call else None
+        return default(*args, **kwargs) if outputs is None else outputs
       rule = lookup_rule(layer)
       rule_input = _rule_input(args, kwargs) if rule is not None else None
       if rule_input is not None:

@@ -1,4 +1,5 @@
-"""Compiled CPU kernels for the noise draw and the Embedding and convolution rules.
+"""Compiled CPU kernels for the noise draw, the Embedding and convolution rules and the max-pooling
+gradient of the fast path.
 
 Built from source once per machine (``python -m tf_dpkit.native build``, else on first use)
 into a cache folder of this user, and loaded only after their bytes are verified and a
@@ -28,11 +29,12 @@ import tensorflow as tf
 _HERE = pathlib.Path(__file__).parent
 #: Each kernel family's source (one library per family).
 SOURCES = {"noise": _HERE / "noise_kernels.cc", "embedding": _HERE / "embedding_kernels.cc",
-           "conv": _HERE / "conv_kernels.cc"}
+           "conv": _HERE / "conv_kernels.cc", "pool": _HERE / "pool_kernels.cc"}
 FAMILIES = tuple(SOURCES)
 #: Included by every source (part of what each cached library's name hashes).
 HEADERS = (_HERE / "kernels.h",)
-#: Set to "0" to run noise, Embedding and convolution clipping as TensorFlow ops only.
+#: Set to "0" to run the noise draw, Embedding and convolution clipping and max pooling as
+#: TensorFlow ops only.
 SWITCH_VARIABLE = "TF_DPKIT_NATIVE"
 CACHE_VARIABLE = "TF_DPKIT_CACHE_DIR"
 #: The self-check's bound on the largest difference from its float64 references (normals are at
@@ -129,7 +131,7 @@ def _in_xla_function():
 def status(family: str | None = None) -> str:
   """Why :func:`kernels` returns what it does for ``family`` (a path with the digest and the
   build log, a reason, or "turned off"); for all families (``"noise: ...; embedding: ...;
-  conv: ..."``) without one."""
+  conv: ...; pool: ..."``) without one."""
   if not enabled():
     return f"turned off by {SWITCH_VARIABLE}={os.environ[SWITCH_VARIABLE]}"
   if family is None:
@@ -533,6 +535,26 @@ def reference_conv_norms(x, g, kernel_size, strides, dilations, pads, num_groups
   return norms, bias, grads.reshape(num_groups, kh * kw * channels, g.shape[3])
 
 
+def reference_max_pool_grad(x, g, ksize, strides, pads):
+  """Brute force: the input gradient of a 2-D max pooling, ``dx[b, i, j, c]`` = the sum of
+  ``g[b, oy, ox, c]`` over the windows whose maximum of channel ``c`` is at ``(i, j)``, the
+  maximum being the first entry in row-major order that no later entry strictly exceeds (window
+  ``(oy, ox)``: rows ``oy sh - pad_top`` to ``+ kh - 1`` and columns ``ox sw - pad_left`` to
+  ``+ kw - 1`` inside the image).  What the pooling kernel (and TensorFlow's MaxPoolGrad on a CPU)
+  must return; ``x`` [B, H, W, C], ``g`` [B, OH, OW, C], the others (height, width) pairs."""
+  x, g = np.asarray(x), np.asarray(g)
+  (kh, kw), (sh, sw), (top, left) = ksize, strides, pads
+  dx = np.zeros(x.shape, np.float64)
+  for b, oy, ox, c in np.ndindex(g.shape):
+    best = None
+    for iy in range(max(oy * sh - top, 0), min(oy * sh - top + kh, x.shape[1])):
+      for ix in range(max(ox * sw - left, 0), min(ox * sw - left + kw, x.shape[2])):
+        if best is None or x[b, best[0], best[1], c] < x[b, iy, ix, c]:
+          best = (iy, ix)
+    dx[b, best[0], best[1], c] += g[b, oy, ox, c]
+  return dx
+
+
 def _eager_check(check):
   """``check(ops)`` run eagerly on the CPU, lifted out of any function being traced (also from
   a ``tf.compat.v1`` graph program)."""
@@ -614,5 +636,24 @@ def _self_check_conv(ops) -> float:
   return worst
 
 
+@_eager_check
+def _self_check_pool(ops) -> float:
+  """Largest difference of the max-pooling gradient from brute force, over overlapping and
+  strided windows, same-padding offsets, ties (repeated values) and several examples."""
+  worst = 0.0
+  generator = np.random.default_rng(2)
+  # (VALID; SAME with top padding; SAME with left padding, as TensorFlow pads them.)
+  for batch, image, channels, ksize, strides, pads, out in (
+      (3, (6, 7), 5, (2, 2), (1, 1), (0, 0), (5, 6)),
+      (2, (7, 5), 3, (3, 2), (2, 1), (1, 0), (4, 5)),
+      (2, (5, 5), 17, (2, 3), (2, 2), (0, 1), (3, 3))):
+    # Values from a few levels, so that windows hold ties.
+    x = generator.integers(0, 4, size=(batch, *image, channels)).astype(np.float32)
+    g = generator.normal(size=(batch, *out, channels)).astype(np.float32)
+    got = ops.dpkit_max_pool_grad(x, g, ksize=ksize, strides=strides, pads=pads).numpy()
+    worst = max(worst, np.max(np.abs(got - reference_max_pool_grad(x, g, ksize, strides, pads))))
+  return worst
+
+
 _SELF_CHECKS = {"noise": _self_check_noise, "embedding": _self_check_embedding,
-                "conv": _self_check_conv}
+                "conv": _self_check_conv, "pool": _self_check_pool}
