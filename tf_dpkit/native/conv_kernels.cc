@@ -111,14 +111,23 @@ double RunSquares(const Group& grp, int64_t t0, int64_t index, int64_t taps, int
   return total;
 }
 
-// Blocks of 24 accumulators (4 vectors x 6 taps for 32 filters, 2 x 12 for 16), within the 32
-// vector registers of AVX-512; the block sizes are chosen with benchmarks/conv_norms.py.
+// Register blocking by the vector registers the build targets (-march=native).  With AVX-512
+// (32 vector registers) blocks of 24 accumulators: 4 vectors x 6 taps for 32 filters, 2 x 12 for
+// 16.  With AVX2 (16 vector registers) at most 12 accumulators, 2 vectors x 6 taps for 16 filters
+// (with the 2 loaded output-gradient vectors and the broadcast tap, 15 registers; a 24-accumulator
+// block spills to the stack there and runs about 3x slower).  Block sizes are chosen with
+// benchmarks/conv_norms.py.
 double RunAllFilters(const Group& grp, int64_t t0, int64_t index, int64_t taps) {
   double total = 0.0;
   int64_t p = 0;
+#if defined(__AVX512F__)
   for (; p + 32 <= grp.filters; p += 32) total += RunSquares<4, 6>(grp, t0, index, taps, p);
   for (; p + 16 <= grp.filters; p += 16) total += RunSquares<2, 12>(grp, t0, index, taps, p);
   for (; p + 8 <= grp.filters; p += 8) total += RunSquares<1, 16>(grp, t0, index, taps, p);
+#else
+  for (; p + 16 <= grp.filters; p += 16) total += RunSquares<2, 6>(grp, t0, index, taps, p);
+  for (; p + 8 <= grp.filters; p += 8) total += RunSquares<1, 8>(grp, t0, index, taps, p);
+#endif
   if (p < grp.filters) total += NarrowSquares(grp, t0, index, taps, p, grp.filters - p);
   return total;
 }
