@@ -13,7 +13,12 @@ on the same ``--examples`` random examples (in-memory arrays, fixed batches, no 
   ``tf_dpkit.DPAdamGaussianOptimizer`` (clip 1, noise 1.1, one microbatch per example: the
   per-layer fast path).
 
-Each is compiled and fitted once (tracing), then the epochs are timed interleaved (non-private,
+An epoch's time runs from its first step's start to its last step's end (a callback): what
+``fit`` does after the last step is left out, because returning from ``fit`` after its last
+step sometimes took about 10 s (observed for the DP fits of the CIFAR CNN, TensorFlow 2.21,
+arrays; cause not found), which made whole-``fit`` timings bimodal (10.3 or 20.6 s).
+Each (model, batch) runs in a fresh process (``--one_process``: all in this one); both methods
+are compiled and fitted once (tracing), then the epochs are timed interleaved (non-private,
 DP, non-private, ...), ``--reps`` of each; the table gives the best and median seconds per epoch
 and the ratio of the bests (the least disturbed epochs; other processes share the cores).
 Memory: the TensorFlow CPU allocator's peak over one epoch where the build keeps allocator
@@ -46,6 +51,8 @@ flags.DEFINE_integer("examples", 4096, "Examples per epoch.")
 flags.DEFINE_integer("reps", 3, "Timed epochs per configuration (interleaved).")
 flags.DEFINE_boolean("rss", False, "Also measure each fit's peak RSS in a fresh process.")
 flags.DEFINE_string("single", None, "Internal: model:batch:method to run alone for RSS.")
+flags.DEFINE_boolean("one_process", False,
+                     "Time every model in this process (default: one fresh process per model).")
 flags.DEFINE_string("out", None, "Markdown file to write the table to (default: print only).")
 FLAGS = flags.FLAGS
 
@@ -64,9 +71,25 @@ def make_fit(name, batch_size, method):
     model.compile(optimizer=tf_dpkit.DPAdamGaussianOptimizer(
         l2_norm_clip=1.0, noise_multiplier=1.1, learning_rate=1e-3), loss=LOSS)
 
+  timer = _StepsTimer()
+
   def fit():
-    model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
+    """One epoch; returns the seconds from its first step's start to its last step's end."""
+    model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0,
+              callbacks=[timer])
+    return timer.end - timer.start
   return fit
+
+
+class _StepsTimer(keras.callbacks.Callback):
+  """First step's start and last step's end of the latest epoch (``time.perf_counter``)."""
+
+  def on_train_batch_begin(self, batch, logs=None):
+    if batch == 0:
+      self.start = time.perf_counter()
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.end = time.perf_counter()
 
 
 def allocator_peak_mb(fit):
@@ -93,6 +116,23 @@ def main(_):
   lines = ["| model | batch | non-private s/epoch (best / median) | DP s/epoch (best / median) "
            "| DP / non-private (best) | alloc peak MB (non-private / DP) | x | RSS peak MB "
            "(non-private / DP) | x |", "|" + "---|" * 9]
+  if not FLAGS.one_process:
+    # Each (model, batch) in a fresh process: a configuration timed after another in the same
+    # process can run far slower (the CIFAR CNN's DP epochs 2x after the text CNN's).
+    for name in FLAGS.models:
+      for batch in FLAGS.batch_sizes:
+        out = subprocess.run(
+            [sys.executable, __file__, f"--models={name}", "--one_process",
+             f"--batch_sizes={batch}", f"--examples={FLAGS.examples}",
+             f"--reps={FLAGS.reps}"] + (["--rss"] if FLAGS.rss else []),
+            capture_output=True, text=True, check=True).stdout
+        row = next(l for l in out.splitlines() if l.startswith(f"| {name} | {batch} |"))
+        lines.append(row)
+        print(row, flush=True)
+    build_info.report(f"{FLAGS.examples} examples per epoch, {FLAGS.reps} timed epochs per "
+                      "configuration, interleaved; each (model, batch) in its own process.",
+                      lines, FLAGS.out)
+    return
   for name in FLAGS.models:
     for batch in (int(b) for b in FLAGS.batch_sizes):
       fits = {m: make_fit(name, batch, m) for m in ("non_private", "dp")}
@@ -101,9 +141,7 @@ def main(_):
       times = {m: [] for m in fits}
       for _ in range(FLAGS.reps):
         for m, fit in fits.items():
-          start = time.perf_counter()
-          fit()
-          times[m].append(time.perf_counter() - start)
+          times[m].append(fit())
       peaks = {m: allocator_peak_mb(fit) for m, fit in fits.items()}
       rss = {m: None for m in fits}
       if FLAGS.rss:
