@@ -120,6 +120,9 @@ def test_max_pool_2d_is_tensorflows_pooling_with_the_kernels_gradient(shape, poo
     ([2, 5, 5, 3], [2, 4, 4, 3], {"strides": [0, 1]}, "must be positive"),
     ([2, 5, 5, 3], [2, 4, 4, 3], {"pads": [-1, 0]}, "pads non-negative"),
     ([2, 5, 5, 3], [2, 4, 4, 3], {"pads": [2, 0]}, "has windows outside x"),
+    # windows over an image without rows (or columns) must not read or write anything
+    ([1, 0, 1, 1], [1, 1, 1, 1], {"ksize": [2, 1], "pads": [1, 0]}, "has windows outside x"),
+    ([1, 1, 0, 1], [1, 1, 1, 1], {"ksize": [1, 2], "pads": [0, 1]}, "has windows outside x"),
 ])
 def test_kernel_refuses_bad_arguments(x_shape, g_shape, attrs, message):
   attrs = {"ksize": [2, 2], "strides": [1, 1], "pads": [0, 0], **attrs}
@@ -128,11 +131,23 @@ def test_kernel_refuses_bad_arguments(x_shape, g_shape, attrs, message):
                             **attrs)
 
 
-def _cnn(pool=keras.layers.MaxPooling2D):
+@needs_kernels
+@pytest.mark.parametrize("x_shape, g_shape", [([2, 5, 5, 3], [2, 0, 4, 3]),
+                                              ([0, 5, 5, 3], [0, 4, 4, 3]),
+                                              ([2, 5, 5, 0], [2, 4, 4, 0])])
+def test_kernel_without_windows_returns_zeros(x_shape, g_shape):
+  dx = OPS.dpkit_max_pool_grad(np.ones(x_shape, np.float32), np.ones(g_shape, np.float32),
+                               ksize=[2, 2], strides=[1, 1], pads=[0, 0])
+  np.testing.assert_array_equal(dx.numpy(), np.zeros(x_shape, np.float32))
+
+
+def _cnn(first_kernel="glorot_uniform"):
   model = keras.Sequential([
-      keras.Input((12, 12, 2)), keras.layers.Conv2D(4, 3, activation="tanh"),
-      pool(2, 1), keras.layers.Conv2D(6, 3, strides=2, activation="tanh"),
-      pool(2, 2, padding="same"), keras.layers.Flatten(), keras.layers.Dense(3)])
+      keras.Input((12, 12, 2)),
+      keras.layers.Conv2D(4, 3, activation="tanh", kernel_initializer=first_kernel),
+      keras.layers.MaxPooling2D(2, 1), keras.layers.Conv2D(6, 3, strides=2, activation="tanh"),
+      keras.layers.MaxPooling2D(2, 2, padding="same"), keras.layers.Flatten(),
+      keras.layers.Dense(3)])
   model.build((None, 12, 12, 2))
   return model
 
@@ -161,14 +176,9 @@ def test_fast_call_takes_exactly_float32_channels_last_max_pooling_without_onedn
   assert pooling.fast_call(layer, x) is None
 
 
-@needs_kernels
-@pytest.mark.parametrize("onednn", [False, True])
-def test_fast_path_clipped_sum_is_unchanged_by_the_kernel(onednn, monkeypatch):
-  # With the kernel (oneDNN off) and with the layer's own call: the same norms and sums (bit for
-  # bit where TensorFlow's gradient is its CPU kernel), and the kernel really ran.
-  model = _cnn()
-  x = tf.constant(_ties((8, 12, 12, 2)) - 1.0)  # tied maxima after the first conv too
-  y = tf.constant(RNG.integers(0, 3, 8))
+def _counting_fast_call(monkeypatch):
+  """Replaces pooling.fast_call by a wrapper; returns the list of (MaxPooling2D call used the
+  kernel) flags it appends to."""
   calls = []
   fast_call = pooling.fast_call
 
@@ -178,17 +188,42 @@ def test_fast_path_clipped_sum_is_unchanged_by_the_kernel(onednn, monkeypatch):
       calls.append(outputs is not None)
     return outputs
   monkeypatch.setattr(pooling, "fast_call", counted)
-  monkeypatch.setattr(pooling, "onednn_enabled", lambda: onednn)
-  with_kernel = clipped_sum_fast(model, XENT, (x, y, tf.ones([8])), 0.5)[0]
-  assert calls == [not onednn] * 2
+  return calls
+
+
+@needs_kernels
+@pytest.mark.parametrize("in_function", [False, True])
+def test_fast_path_clipped_sum_is_unchanged_by_the_kernel(in_function, monkeypatch):
+  # With the kernel and with the layer's own call: the same norms and sums (bit for bit where
+  # TensorFlow's gradient is its CPU kernel, i.e. with oneDNN off), eagerly and in a
+  # tf.function, and the kernel really ran.  Integer-valued inputs and an all-ones first kernel
+  # make tied maxima in the first pooling's windows.
+  monkeypatch.setattr(pooling, "onednn_enabled", lambda: False)
+  model = _cnn(first_kernel="ones")
+  x = tf.constant(_ties((8, 12, 12, 2)) - 1.0)
+  y = tf.constant(RNG.integers(0, 3, 8))
+  first = model.layers[0](x)
+  windows = tf.image.extract_patches(first, [1, 2, 2, 1], [1, 1, 1, 1], [1, 1, 1, 1], "VALID")
+  windows = tf.reshape(windows, [-1, 4, first.shape[-1]])
+  tied = tf.reduce_sum(tf.cast(windows == tf.reduce_max(windows, axis=1, keepdims=True),
+                               tf.int32), axis=1) > 1
+  assert tf.reduce_mean(tf.cast(tied, tf.float32)) > 0.1  # many windows hold ties
+
+  def clipped():
+    result = clipped_sum_fast(model, XENT, (x, y, tf.ones([8])), 0.5)[0]
+    return [result.norms, *result.grads]
+  run = tf.function(clipped) if in_function else clipped
+  calls = _counting_fast_call(monkeypatch)
+  with_kernel = run()
+  assert calls == [True, True]
   monkeypatch.setattr(pooling, "fast_call", lambda layer, inputs: None)
-  without = clipped_sum_fast(model, XENT, (x, y, tf.ones([8])), 0.5)[0]
-  exact = not onednn_enabled()
-  for a, b in zip([with_kernel.norms, *with_kernel.grads], [without.norms, *without.grads]):
-    if exact:
-      np.testing.assert_array_equal(a.numpy(), b.numpy())
-    else:
+  run = tf.function(clipped) if in_function else clipped
+  without = run()
+  for a, b in zip(with_kernel, without):
+    if onednn_enabled():  # TensorFlow's gradient is oneDNN's: the same up to rounding
       np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
+    else:
+      np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
 @needs_kernels
@@ -196,11 +231,13 @@ def test_fast_path_with_the_kernel_equals_brute_force_and_moves_at_most_c(monkey
   # Sum of per-example gradients (TensorFlow autodiff of the Keras model, one example at a time)
   # clipped to C; then every leave-one-out batch moves the clipped sum by at most C.
   monkeypatch.setattr(pooling, "onednn_enabled", lambda: False)
+  calls = _counting_fast_call(monkeypatch)
   model = _cnn()
   clip = 0.05
   x = tf.constant(RNG.normal(size=(6, 12, 12, 2)).astype(np.float32))
   y = tf.constant(RNG.integers(0, 3, 6))
   full = clipped_sum_fast(model, XENT, (x, y, tf.ones([6])), clip)[0]
+  assert calls == [True, True]
   expected = [np.zeros(v.shape) for v in model.trainable_variables]
   for i in range(6):
     with tf.GradientTape() as tape:

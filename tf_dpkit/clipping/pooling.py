@@ -1,8 +1,10 @@
 """Max pooling whose input gradient is a compiled kernel, for the fast path's forward phase.
 
 A weightless layer changes no clipping rule, but its backward pass is part of every DP step:
-without oneDNN (TensorFlow's default on CPUs without AVX-512) TensorFlow's CPU ``MaxPoolGrad``
-can cost more than the rest of a small CNN's step.  The fast path therefore runs an exact
+without oneDNN (TensorFlow's default on x86 CPUs other than those with AVX512_VNNI,
+AVX512_BF16, AVX_VNNI or AMX) TensorFlow's CPU ``MaxPoolGrad`` took longer than any other op of
+a small CNN's DP step.  The gradient op has no gradient of its own (second derivatives through
+the fast path's backward pass are not supported).  The fast path therefore runs an exact
 ``keras.layers.MaxPooling2D`` (channels_last, float32 in and out, on a CPU with oneDNN off,
 compiled ``pool`` kernels loaded; oneDNN's own pooling gradient is faster) through :func:`max_pool_2d`: forward ``tf.nn.max_pool2d`` (Keras's own op),
 input gradient ``tf_dpkit.native``'s ``DpkitMaxPoolGrad``, which routes each window's output

@@ -111,7 +111,7 @@ double RunSquares(const Group& grp, int64_t t0, int64_t index, int64_t taps, int
   return total;
 }
 
-// Register blocking by the vector registers the build targets (-march=native).  With AVX-512
+// Register blocking by the vector registers the build targets (-march=native).  With AVX-512VL
 // (32 vector registers) blocks of 24 accumulators: 4 vectors x 6 taps for 32 filters, 2 x 12 for
 // 16.  With AVX2 (16 vector registers) at most 12 accumulators, 2 vectors x 6 taps for 16 filters
 // (with the 2 loaded output-gradient vectors and the broadcast tap, 15 registers; a 24-accumulator
@@ -120,7 +120,7 @@ double RunSquares(const Group& grp, int64_t t0, int64_t index, int64_t taps, int
 double RunAllFilters(const Group& grp, int64_t t0, int64_t index, int64_t taps) {
   double total = 0.0;
   int64_t p = 0;
-#if defined(__AVX512F__)
+#if defined(__AVX512VL__)  // 32 addressable 256-bit registers
   for (; p + 32 <= grp.filters; p += 32) total += RunSquares<4, 6>(grp, t0, index, taps, p);
   for (; p + 16 <= grp.filters; p += 16) total += RunSquares<2, 12>(grp, t0, index, taps, p);
   for (; p + 8 <= grp.filters; p += 8) total += RunSquares<1, 16>(grp, t0, index, taps, p);

@@ -45,21 +45,29 @@ class MaxPoolGradOp : public OpKernel {
     OP_REQUIRES(ctx, g.dim_size(0) == batch && g.dim_size(3) == channels,
                 InvalidArgument("g must have x's batch and channels, got ",
                                 g.shape().DebugString(), " for x ", x.shape().DebugString()));
-    // Every window must hold at least one entry of the image.
-    OP_REQUIRES(ctx, top < kh && left < kw && (out_h - 1) * sh - top < height &&
-                         (out_w - 1) * sw - left < width && out_h >= 0 && out_w >= 0,
+    // Every window must hold at least one entry of the image (sizes bounded first, so that the
+    // products below cannot overflow).
+    const bool no_windows = out_h == 0 || out_w == 0 || batch == 0 || channels == 0;
+    OP_REQUIRES(ctx, no_windows || (height > 0 && width > 0 && out_h <= height + kh &&
+                                    out_w <= width + kw && top < kh && left < kw &&
+                                    (out_h - 1) * sh - top < height &&
+                                    (out_w - 1) * sw - left < width),
                 InvalidArgument("g's spatial shape ", g.shape().DebugString(),
                                 " has windows outside x ", x.shape().DebugString()));
-    OP_REQUIRES(ctx, height * width * channels < (int64_t{1} << 31),
-                InvalidArgument("one example of x must have fewer than 2^31 entries, got ",
-                                x.shape().DebugString()));
     Tensor* dx = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &dx));
+    if (no_windows) {  // nothing to route (x may have entries: its gradient is zero)
+      dx->flat<float>().setZero();
+      return;
+    }
+    const int64_t image = x.NumElements() / batch;  // H W C of one example
+    const int64_t grads = g.NumElements() / batch;  // OH OW C
+    OP_REQUIRES(ctx, image < (int64_t{1} << 31),
+                InvalidArgument("one example of x must have fewer than 2^31 entries, got ",
+                                x.shape().DebugString()));
     const float* xs = x.flat<float>().data();
     const float* gs = g.flat<float>().data();
     float* out = dx->flat<float>().data();
-    const int64_t image = height * width * channels;
-    const int64_t grads = out_h * out_w * channels;
     const Eigen::TensorOpCost cost(4.0 * (image + grads), 4.0 * image,
                                    2.0 * kh * kw * grads + image);
     ctx->eigen_cpu_device().parallelFor(batch, cost, [&](Eigen::Index lo, Eigen::Index hi) {
