@@ -310,9 +310,8 @@ def forward_with_rules(model, graph, x, batch):
 
     def call(*args, **kwargs):
       if not getattr(layer, "trainable_weights", None):
-        plain_call = len(args) == 1 and not {k for k, v in kwargs.items()
-                                             if v is not None and k != "training"}
-        outputs = pooling.fast_call(layer, args[0]) if plain_call else None
+        inputs = _rule_input(args, kwargs)
+        outputs = pooling.fast_call(layer, inputs) if inputs is not None else None
         return default(*args, **kwargs) if outputs is None else outputs
       rule = lookup_rule(layer)
       rule_input = _rule_input(args, kwargs) if rule is not None else None

@@ -3,14 +3,15 @@
 A weightless layer changes no clipping rule, but its backward pass is part of every DP step:
 without oneDNN (TensorFlow's default on x86 CPUs other than those with AVX512_VNNI,
 AVX512_BF16, AVX_VNNI or AMX) TensorFlow's CPU ``MaxPoolGrad`` took longer than any other op of
-a small CNN's DP step.  The gradient op has no gradient of its own (second derivatives through
-the fast path's backward pass are not supported).  The fast path therefore runs an exact
-``keras.layers.MaxPooling2D`` (channels_last, float32 in and out, on a CPU with oneDNN off,
-compiled ``pool`` kernels loaded; oneDNN's own pooling gradient is faster) through :func:`max_pool_2d`: forward ``tf.nn.max_pool2d`` (Keras's own op),
-input gradient ``tf_dpkit.native``'s ``DpkitMaxPoolGrad``, which routes each window's output
-gradient to the same input entry as TensorFlow's CPU kernel (the first maximum in row-major
-order), so the per-example gradients, norms and clipped sums are unchanged bit for bit.  Any
-other layer, dtype or device runs the layer's own call.  Design: ``docs/design/native.md``.
+a small CNN's DP step.  The fast path therefore runs an exact ``keras.layers.MaxPooling2D``
+(channels_last, float32 in and out, on a CPU with oneDNN off, compiled ``pool`` kernels loaded;
+with oneDNN, its own pooling gradient is faster) through :func:`max_pool_2d`: forward
+``tf.nn.max_pool2d`` (Keras's own op), input gradient ``tf_dpkit.native``'s
+``DpkitMaxPoolGrad``, which routes each window's output gradient to the same input entry as
+TensorFlow's CPU kernel (the first maximum in row-major order), so the per-example gradients,
+norms and clipped sums are unchanged bit for bit.  Any other layer, dtype or device runs the
+layer's own call.  The gradient op has no gradient of its own: no second derivatives through
+the fast path's backward pass.  Design: ``docs/design/native.md``.
 """
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ def max_pool_2d(x, pool_size, strides, padding, ops):
 def fast_call(layer, inputs):
   """``layer(inputs)`` through :func:`max_pool_2d` when ``layer`` is exactly a channels_last
   ``keras.layers.MaxPooling2D`` computing in float32 on ``inputs`` (float32, static image size)
-  on a CPU, with oneDNN off and the compiled ``pool`` kernels loaded; None otherwise (the caller then runs the
-  layer's own call)."""
+  on a CPU, with oneDNN off and the compiled ``pool`` kernels loaded; None otherwise (the
+  caller then runs the layer's own call)."""
   if (type(layer) is not keras.layers.MaxPooling2D or layer.data_format != "channels_last" or
       layer.compute_dtype != "float32" or not isinstance(inputs, tf.Tensor) or
       inputs.dtype != tf.float32 or inputs.shape.rank != 4 or None in inputs.shape[1:3] or
