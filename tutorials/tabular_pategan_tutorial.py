@@ -66,6 +66,12 @@ flags.DEFINE_boolean("validation", False,
                      "Train on 80% of the training split, evaluate on its other 20%.")
 flags.DEFINE_float("positive_fraction", 0.5,
                    "Public fraction of label-1 rows in the released table (not from the data).")
+flags.DEFINE_enum("network", "mlp", ["mlp", "sequence"],
+                  "Generator, PATE-GAN student and DP-GAN discriminator: MLPs "
+                  "(--generator_hidden, --student_hidden, --discriminator_hidden) or 1-D "
+                  "convolutional (generative.sequence_generator / sequence_discriminator: a "
+                  "row is 178 consecutive EEG samples; the better DP-GAN, see the tutorials "
+                  "README).  PATE-GAN's teachers are MLPs either way.")
 flags.DEFINE_integer("latent_dim", 32, "Noise dimensions.")
 flags.DEFINE_list("generator_hidden", ["128", "128"], "Hidden widths of the MLP generator.")
 # PATE-GAN
@@ -112,8 +118,17 @@ def _split():
 
 
 def _generator():
+  if FLAGS.network == "sequence":
+    return generative.sequence_generator(FLAGS.latent_dim, 2, data.NUM_FEATURES)
   return generative.mlp_generator(FLAGS.latent_dim, 2, (data.NUM_FEATURES,),
                                   hidden=_widths(FLAGS.generator_hidden))
+
+
+def _discriminator(hidden):
+  """The PATE-GAN student or the DP-GAN discriminator (``hidden``: the MLP's widths)."""
+  if FLAGS.network == "sequence":
+    return generative.sequence_discriminator(2, data.NUM_FEATURES)
+  return generative.mlp_discriminator(2, (data.NUM_FEATURES,), hidden=_widths(hidden))
 
 
 def _train_pategan(u, y, private):
@@ -124,8 +139,7 @@ def _train_pategan(u, y, private):
         f"{len(u) // FLAGS.num_teachers}) answers planned={queries} GNMax sigma={noise} votes",
         flush=True)
   generator = _generator()
-  student = generative.mlp_discriminator(2, (data.NUM_FEATURES,),
-                                         hidden=_widths(FLAGS.student_hidden))
+  student = _discriminator(FLAGS.student_hidden)
   gan = generative.PATEGAN(
       generator, student, latent_dim=FLAGS.latent_dim, num_teachers=FLAGS.num_teachers,
       num_classes=2, noise_scale=noise, teacher_hidden=_widths(FLAGS.teacher_hidden),
@@ -158,8 +172,7 @@ def _train_dpgan(u, y, private):
   print(f"DP-GAN: N={n} q={q:.5f} discriminator steps={steps} noise_multiplier={sigma:.4f}",
         flush=True)
   generator = _generator()
-  discriminator = generative.mlp_discriminator(2, (data.NUM_FEATURES,),
-                                               hidden=_widths(FLAGS.discriminator_hidden))
+  discriminator = _discriminator(FLAGS.discriminator_hidden)
   gan = generative.DPGAN(
       generator, discriminator, latent_dim=FLAGS.latent_dim, num_classes=2,
       l2_norm_clip=FLAGS.l2_norm_clip, noise_multiplier=sigma,
@@ -236,7 +249,8 @@ def main(argv):
       "train_seconds": round(train_seconds, 1),
       "total_seconds": round(time.time() - start, 1),
       "flags": {name: FLAGS[name].value for name in (
-          "method", "target_epsilon", "seed", "validation", "positive_fraction", "latent_dim",
+          "method", "target_epsilon", "seed", "validation", "positive_fraction", "network",
+          "latent_dim",
           "generator_hidden", "iterations", "num_teachers", "teacher_hidden",
           "teacher_batch_size", "teacher_steps", "student_steps", "student_batch_size",
           "student_hidden", "generator_batch_size", "teacher_learning_rate",

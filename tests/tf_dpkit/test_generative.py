@@ -376,6 +376,38 @@ def test_conv_models_shapes_and_checks():
     generative.conv_generator(LATENT, 3, (8, 8, 1), filters=0)
 
 
+def test_sequence_models_shapes_weights_and_checks():
+  """1-D models: output shapes and range, the crop for lengths that are not a multiple of
+  2**len(filters), weights counted by hand, and every refusal names its argument."""
+  for length, filters in ((178, (4, 3, 2)), (7, (3,)), (16, (2, 2))):
+    g = generative.sequence_generator(LATENT, 2, length, filters=filters, kernel_size=3)
+    z, y = np.ones((4, LATENT), np.float32), np.eye(2, dtype=np.float32)[[0, 1, 1, 0]]
+    rows = g([z, y]).numpy()
+    assert rows.shape == (4, length) and rows.min() >= 0.0 and rows.max() <= 1.0
+    # Dense to ceil(L / 2**n) * F1 positions, then n upsamplings: the crop removes the rest.
+    start = -(-length // 2 ** len(filters))
+    dense = [layer for layer in g.layers if isinstance(layer, keras.layers.Dense)]
+    assert len(dense) == 1 and dense[0].units == start * filters[0]
+    cropped = [layer for layer in g.layers if isinstance(layer, keras.layers.Cropping1D)]
+    assert cropped[0].input.shape[1] == start * 2 ** len(filters)
+  d = generative.sequence_discriminator(2, 178, filters=(4, 3), kernel_size=5, hidden=6)
+  assert d([rows if rows.shape[1] == 178 else np.zeros((4, 178), np.float32), y]).shape == (4, 1)
+  # conv1 5*1*4 + 4, conv2 5*4*3 + 3, dense (45*3 + 2)*6 + 6 (178 -> 89 -> 45), logit 6 + 1.
+  assert d.count_params() == (5 * 4 + 4) + (5 * 4 * 3 + 3) + ((45 * 3 + 2) * 6 + 6) + 7
+  assert len(generative.sequence_discriminator(None, 10, filters=(2,)).inputs) == 1
+  assert len(generative.sequence_generator(LATENT, None, 10, filters=(2,)).inputs) == 1
+  with pytest.raises(ValueError, match="kernel_size must be an odd integer"):
+    generative.sequence_generator(LATENT, 2, 10, kernel_size=4)
+  with pytest.raises(ValueError, match="filters must hold at least one integer"):
+    generative.sequence_generator(LATENT, 2, 10, filters=())
+  with pytest.raises(ValueError, match=r"filters\[1\] must be an integer in \[1, inf\]"):
+    generative.sequence_discriminator(2, 10, filters=(2, 0))
+  with pytest.raises(ValueError, match=r"length must be an integer in \[1, inf\]"):
+    generative.sequence_generator(LATENT, 2, 0)
+  with pytest.raises(ValueError, match=r"hidden must be an integer in \[1, inf\]"):
+    generative.sequence_discriminator(2, 10, hidden=0)
+
+
 def test_projection_discriminator_logit_and_weights_by_hand():
   """logit = w . h + b + (V h) . y, h the last hidden features; weights counted by hand."""
   keras.utils.set_random_seed(2)
@@ -405,15 +437,22 @@ def test_projection_discriminator_logit_and_weights_by_hand():
 
 
 @pytest.mark.parametrize("method", ["fast", "vectorized"])
-def test_projection_discriminator_real_term_removal_moves_the_clipped_sum_by_at_most_c(method):
+@pytest.mark.parametrize("model", ["projection", "sequence"])
+def test_discriminator_real_term_removal_moves_the_clipped_sum_by_at_most_c(method, model):
   """Brute force over the path DPGAN's discriminator step takes (clipped_sum_for_model on the
-  real term): removing any one real example, image and label, moves the clipped sum by at
-  most C, and by more than half of C (the gradients are large, so clipping binds)."""
+  real term), for the projection MLP and the 1-D convolutional discriminator (strided Conv1D
+  rules): removing any one real example, row and label, moves the clipped sum by at most C,
+  and by more than half of C (the gradients are large, so clipping binds)."""
   from tf_dpkit.clipping.testing import removal_sensitivity  # pylint: disable=g-import-not-at-top
   from tf_dpkit.dp_gradients import clipped_sum_for_model  # pylint: disable=g-import-not-at-top
   keras.utils.set_random_seed(4)
-  k, shape, clip = 3, (4, 4, 1), 0.05
-  d = generative.mlp_discriminator(k, shape, hidden=(6, 4), conditioning="projection")
+  k, clip = 3, 0.05
+  if model == "projection":
+    shape = (4, 4, 1)
+    d = generative.mlp_discriminator(k, shape, hidden=(6, 4), conditioning="projection")
+  else:
+    shape = (11,)
+    d = generative.sequence_discriminator(k, 11, filters=(3, 2), kernel_size=3, hidden=4)
   rng = np.random.default_rng(9)
   x = (3.0 * rng.normal(size=(6,) + shape)).astype(np.float32)
   y = np.eye(k, dtype=np.float32)[[0, 1, 2, 2, 1, 0]]

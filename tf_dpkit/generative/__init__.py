@@ -9,7 +9,7 @@
   votes (tf_dpkit.pate aggregators, analysis.pate.PateAccountant), the generator trained
   against the student.
 * :mod:`tf_dpkit.generative.networks`: small MLP and convolutional generator/discriminator
-  builders for MNIST.
+  builders for MNIST, and 1-D convolutional ones for rows that are sequences.
 * :mod:`tf_dpkit.generative.evaluation`: TSTR for images (accuracy) and tables (AUROC / AUPRC
   over a fixed set of scikit-learn classifiers), Frechet distance, sample grids (evaluation
   uses real data and is not private).
@@ -25,7 +25,8 @@ from tf_dpkit.generative.evaluation import (TABULAR_CLASSIFIERS, binary_auprc, b
                                             tabular_classifier, tstr_accuracy, tstr_classifier,
                                             tstr_tabular)
 from tf_dpkit.generative.networks import (conv_discriminator, conv_generator, mlp_discriminator,
-                                          mlp_generator)
+                                          mlp_generator, sequence_discriminator,
+                                          sequence_generator)
 from tf_dpkit.generative.pategan import (PATE_AGGREGATORS, PATEGAN, affordable_queries,
                                          data_independent_epsilon, noise_scale_for_budget,
                                          teacher_ensemble_discriminator)
@@ -35,7 +36,8 @@ __all__ = [
     "sample", "clear_feature_cache", "frechet_distance", "frechet_distance_from_features",
     "mnist_feature_extractor", "save_sample_grid", "tstr_accuracy", "tstr_classifier",
     "TABULAR_CLASSIFIERS", "binary_auroc", "binary_auprc", "tabular_classifier", "tstr_tabular",
-    "mlp_discriminator", "mlp_generator", "conv_discriminator", "conv_generator", "PATEGAN",
+    "mlp_discriminator", "mlp_generator", "conv_discriminator", "conv_generator",
+    "sequence_discriminator", "sequence_generator", "PATEGAN",
     "PATE_AGGREGATORS", "affordable_queries",
     "data_independent_epsilon", "noise_scale_for_budget", "teacher_ensemble_discriminator",
 ]

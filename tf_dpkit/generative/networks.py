@@ -6,6 +6,8 @@
 projected) and :func:`conv_discriminator` take ``[image, one_hot_label]`` and output one logit
 ``[B, 1]``.  Discriminators hold only layers with fast per-example clipping rules (Dense,
 Conv2D) and no normalisation that mixes examples; generators may use BatchNormalization.
+:func:`sequence_generator` / :func:`sequence_discriminator` are their 1-D convolutional
+counterparts for rows that are sequences (``[B, length]``).
 
 Layer-by-layer shapes: docs/design/generative.md.
 """
@@ -18,7 +20,7 @@ import keras
 from analysis import _checks
 
 __all__ = ["CONDITIONINGS", "conv_discriminator", "conv_generator", "mlp_discriminator",
-           "mlp_generator"]
+           "mlp_generator", "sequence_discriminator", "sequence_generator"]
 
 
 def _check_common(latent_dim, num_classes, image_shape, hidden):
@@ -101,10 +103,12 @@ def mlp_discriminator(num_classes=10, image_shape=(28, 28, 1), hidden=(256, 128)
   return keras.Model(inputs if len(inputs) > 1 else image, out, name=name)
 
 
-def _check_filters(name, filters, count):
+def _check_filters(name, filters, count=None):
+  """``filters`` as a tuple of integers >= 1: exactly ``count`` of them, or (None) at least one."""
   filters = tuple(filters) if not isinstance(filters, int) else (filters,)
-  if len(filters) != count:
-    raise ValueError(f"{name} must hold {count} integer(s) >= 1, got {filters!r}.")
+  if (len(filters) != count) if count is not None else not filters:
+    raise ValueError(f"{name} must hold {count or 'at least one'} integer(s) >= 1, got "
+                     f"{filters!r}.")
   for i, f in enumerate(filters):
     _checks.check_integer(f"{name}[{i}]", f, minimum=1)
   return filters
@@ -161,3 +165,87 @@ def conv_discriminator(num_classes=10, image_shape=(28, 28, 1), filters=(32, 64)
     h = keras.layers.LeakyReLU(0.2)(keras.layers.Conv2D(f, 4, strides=2, padding="same")(h))
   out = keras.layers.Dense(1, name="logit")(keras.layers.Flatten()(h))
   return keras.Model(inputs if len(inputs) > 1 else image, out, name=name)
+
+
+def sequence_generator(latent_dim=32, num_classes=2, length=178, filters=(64, 32, 16),
+                       kernel_size=5, batch_norm=True, name="generator"):
+  """Conditional (or unconditional) 1-D convolutional generator for rows that are sequences.
+
+  For tables whose columns are consecutive samples of one signal (e.g. the 178 EEG samples of
+  UCI Epileptic Seizure).  ``[noise, one_hot_label] -> Dense(L0 * F1) -> reshape [L0, F1] ->``
+  for each ``F`` of ``filters``: ``UpSampling1D(2) -> Conv1D(F, kernel_size) ->
+  [BatchNormalization] -> LeakyReLU(0.2)``, then ``Conv1D(1, kernel_size)``, a centred crop
+  to ``length`` and a sigmoid: output ``[B, length]`` in [0, 1].  ``L0 = ceil(length /
+  2**len(filters))``.  Neighbouring columns share filters, so the output is smooth where the
+  data are: an MLP generator of the same size learns neither the smoothness nor (on that data)
+  the class-dependent amplitude (docs/design/generative.md, "Tables").
+
+  Args:
+    latent_dim: integer >= 1.
+    num_classes: None or an integer >= 2.
+    length: the row length, an integer >= 1.
+    filters: channels of the upsampling blocks, a non-empty tuple of integers >= 1.
+    kernel_size: odd integer >= 1.
+    batch_norm: BatchNormalization in the blocks (allowed in a generator: it never reads real
+      data).
+  """
+  length = _checks.check_integer("length", length, minimum=1)
+  filters = _check_filters("filters", filters)
+  _check_common(latent_dim, num_classes, (length,), (1,))
+  kernel_size = _checks.check_integer("kernel_size", kernel_size, minimum=1)
+  if kernel_size % 2 == 0:
+    raise ValueError(f"kernel_size must be an odd integer >= 1, got {kernel_size}.")
+  start = -(-length // 2 ** len(filters))
+  inputs, h = _generator_inputs(latent_dim, num_classes)
+  h = keras.layers.LeakyReLU(0.2)(keras.layers.Dense(start * filters[0])(h))
+  h = keras.layers.Reshape((start, filters[0]))(h)
+  for f in filters:
+    h = keras.layers.UpSampling1D(2)(h)
+    h = keras.layers.Conv1D(f, kernel_size, padding="same")(h)
+    if batch_norm:
+      h = keras.layers.BatchNormalization(momentum=0.8)(h)
+    h = keras.layers.LeakyReLU(0.2)(h)
+  h = keras.layers.Conv1D(1, kernel_size, padding="same")(h)
+  extra = start * 2 ** len(filters) - length
+  h = keras.layers.Cropping1D((extra // 2, extra - extra // 2))(h)
+  h = keras.layers.Flatten()(h)
+  out = keras.layers.Activation("sigmoid", name="row")(h)
+  return keras.Model(inputs if len(inputs) > 1 else inputs[0], out, name=name)
+
+
+def sequence_discriminator(num_classes=2, length=178, filters=(16, 32), kernel_size=5,
+                           hidden=64, name="discriminator"):
+  """Conditional (or unconditional) 1-D convolutional discriminator returning one logit.
+
+  ``row [B, length] -> [B, length, 1] ->`` for each ``F`` of ``filters``: ``Conv1D(F,
+  kernel_size, strides=2) -> LeakyReLU(0.2)``, then flatten, concatenate the one-hot label,
+  ``Dense(hidden) -> LeakyReLU(0.2) -> Dense(1)``.  Only layers with fast per-example clipping
+  rules (Conv1D, Dense) and none that mixes examples, so it also serves as a DP-GAN
+  discriminator.
+
+  Args:
+    num_classes: None or an integer >= 2.
+    length: integer >= 1.
+    filters: non-empty tuple of integers >= 1.
+    kernel_size: integer >= 1.
+    hidden: integer >= 1.
+  """
+  length = _checks.check_integer("length", length, minimum=1)
+  filters = _check_filters("filters", filters)
+  _check_common(None, num_classes, (length,), (1,))
+  kernel_size = _checks.check_integer("kernel_size", kernel_size, minimum=1)
+  hidden = _checks.check_integer("hidden", hidden, minimum=1)
+  row = keras.Input((length,), name="image")
+  inputs = [row]
+  h = keras.layers.Reshape((length, 1))(row)
+  for f in filters:
+    h = keras.layers.Conv1D(f, kernel_size, strides=2, padding="same")(h)
+    h = keras.layers.LeakyReLU(0.2)(h)
+  h = keras.layers.Flatten()(h)
+  if num_classes is not None:
+    label = keras.Input((num_classes,), name="one_hot_label")
+    inputs.append(label)
+    h = keras.layers.Concatenate()([h, label])
+  h = keras.layers.LeakyReLU(0.2)(keras.layers.Dense(hidden)(h))
+  out = keras.layers.Dense(1, name="logit")(h)
+  return keras.Model(inputs if len(inputs) > 1 else row, out, name=name)
