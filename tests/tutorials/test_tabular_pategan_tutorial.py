@@ -1,6 +1,7 @@
 """tutorials/tabular_pategan_tutorial.py end to end on the shipped UCI Epileptic Seizure copy, with
 a few training steps: the released table's format, the publishable epsilon, the TSTR figures.
-Two subprocess runs (PATE-GAN at epsilon 1, DP-GAN at epsilon 10), about a minute each on 2
+Two subprocess runs (PATE-GAN at epsilon 1 with MLPs, DP-GAN at epsilon 10 with the 1-D
+convolutional networks), about a minute each on 2
 cores (TSTR fits four classifiers on 9,200 rows), so in the slow suite."""
 import csv
 import gzip
@@ -51,8 +52,10 @@ def test_tabular_tutorial_pategan_and_dpgan(tmp_path):
                                         "gradient_boosting", "mlp"}
   assert 0.0 <= results["tstr_auroc_mean"] <= 1.0 and 0.0 <= results["tstr_auprc_mean"] <= 1.0
   assert (tmp_path / "pg" / "generator.keras").is_file()
+  # The 1-D convolutional networks: the release reloads the saved sequence generator.
   results = _run(tmp_path / "dg", "--method=dpgan", "--target_epsilon=10", "--dpgan_steps=3",
-                 "--validation", "--log_every=1")
+                 "--validation", "--log_every=1", "--network=sequence")
+  assert results["flags"]["network"] == "sequence"
   assert results["evaluated_on"].startswith("validation")
   assert results["train_rows"] == 7360 and results["evaluation_rows"] == 1840
   assert 9.9 < results["epsilon"] <= 10.0 and results["discriminator_steps_done"] == 3
