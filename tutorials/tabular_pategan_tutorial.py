@@ -78,6 +78,10 @@ flags.DEFINE_list("generator_hidden", ["128", "128"], "Hidden widths of the MLP 
 flags.DEFINE_integer("iterations", 2000, "PATE-GAN iterations.")
 flags.DEFINE_integer("num_teachers", 200, "Teacher discriminators (disjoint shards).")
 flags.DEFINE_list("teacher_hidden", ["16"], "Hidden widths of each teacher MLP.")
+flags.DEFINE_list("teacher_conv_filters", [],
+                  "Per-teacher 1-D convolutions before the hidden layers (filters of each, "
+                  "stride 2, width 5; generative.teacher_ensemble_discriminator); empty: MLP "
+                  "teachers.")
 flags.DEFINE_integer("teacher_batch_size", 16, "Real (and fake) rows per teacher step.")
 flags.DEFINE_integer("teacher_steps", 1, "Teacher steps per iteration.")
 flags.DEFINE_integer("student_steps", 1, "Student steps per iteration.")
@@ -140,9 +144,15 @@ def _train_pategan(u, y, private):
         flush=True)
   generator = _generator()
   student = _discriminator(FLAGS.student_hidden)
+  teachers = None
+  if FLAGS.teacher_conv_filters:
+    teachers = generative.teacher_ensemble_discriminator(
+        FLAGS.num_teachers, 2, (data.NUM_FEATURES,), hidden=_widths(FLAGS.teacher_hidden),
+        conv_filters=_widths(FLAGS.teacher_conv_filters))
   gan = generative.PATEGAN(
       generator, student, latent_dim=FLAGS.latent_dim, num_teachers=FLAGS.num_teachers,
       num_classes=2, noise_scale=noise, teacher_hidden=_widths(FLAGS.teacher_hidden),
+      teachers=teachers,
       teacher_batch_size=FLAGS.teacher_batch_size, teacher_steps=FLAGS.teacher_steps,
       student_steps=FLAGS.student_steps, student_batch_size=FLAGS.student_batch_size,
       generator_batch_size=FLAGS.generator_batch_size,
@@ -251,7 +261,7 @@ def main(argv):
       "flags": {name: FLAGS[name].value for name in (
           "method", "target_epsilon", "seed", "validation", "positive_fraction", "network",
           "latent_dim",
-          "generator_hidden", "iterations", "num_teachers", "teacher_hidden",
+          "generator_hidden", "iterations", "num_teachers", "teacher_hidden", "teacher_conv_filters",
           "teacher_batch_size", "teacher_steps", "student_steps", "student_batch_size",
           "student_hidden", "generator_batch_size", "teacher_learning_rate",
           "student_learning_rate", "generator_learning_rate", "vote", "vote_fraction",

@@ -116,8 +116,14 @@ def _cross_shard_gradient(gan):
   return worst
 
 
-def test_teacher_gradient_ignores_other_shards_and_a_mutant_is_caught(monkeypatch):
-  gan = _gan()
+@pytest.mark.parametrize("teachers", ["mlp", "conv1d"])
+def test_teacher_gradient_ignores_other_shards_and_a_mutant_is_caught(monkeypatch, teachers):
+  """MLP teachers and teachers with per-teacher 1-D convolutions (TeacherConv1D)."""
+  if teachers == "mlp":
+    gan = _gan()
+  else:
+    gan = _gan(teachers=pg.teacher_ensemble_discriminator(
+        TEACHERS, K, SHAPE, hidden=(5,), conv_filters=(2, 3), kernel_size=3))
   assert _cross_shard_gradient(gan) == 0.0
   # Mutant: each teacher's real term uses the logits averaged over the teachers.
   def mixed(self, x_real, y_real, x_fake, y_fake):
@@ -146,11 +152,25 @@ def _mixing_teachers():
   return keras.Model([image, label], mixed)
 
 
+def _shared_conv_teachers():
+  """A mutant teacher model: one Conv2D kernel (1 x 3) slides along every teacher's row."""
+  image, label = keras.Input((TEACHERS, *SHAPE)), keras.Input((TEACHERS, K))
+  h = keras.layers.Reshape((TEACHERS, SHAPE[0], 1))(image)
+  h = keras.layers.Conv2D(2, (1, 3), padding="same")(h)  # the same weights for all teachers
+  h = keras.layers.Concatenate()([keras.layers.Reshape((TEACHERS, 2 * SHAPE[0]))(h), label])
+  dense, _, _ = pg._teachers._layers()  # pylint: disable=protected-access
+  return keras.Model([image, label], keras.layers.Reshape((TEACHERS,))(dense(TEACHERS, 1)(h)))
+
+
 def test_custom_teachers_that_share_weights_or_mix_teachers_are_refused():
   pg.check_teachers_isolated(pg.teacher_ensemble_discriminator(TEACHERS, K, SHAPE, (5,)),
                              TEACHERS, SHAPE, K)
+  pg.check_teachers_isolated(pg.teacher_ensemble_discriminator(
+      TEACHERS, K, SHAPE, (5,), conv_filters=(2,), kernel_size=3), TEACHERS, SHAPE, K)
   with pytest.raises(ValueError, match="shared between teachers"):
     _gan(teachers=_shared_dense_teachers())
+  with pytest.raises(ValueError, match="shared between teachers"):
+    _gan(teachers=_shared_conv_teachers())
   with pytest.raises(ValueError, match="input slices of other teachers"):
     _gan(teachers=_mixing_teachers())
   ok = _gan(teachers=pg.teacher_ensemble_discriminator(TEACHERS, K, SHAPE, hidden=(2,)))

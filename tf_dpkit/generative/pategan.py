@@ -44,20 +44,26 @@ FAKE, REAL = 0, 1
 
 
 def teacher_ensemble_discriminator(num_teachers, num_classes=None, image_shape=(28, 28, 1),
-                                   hidden=(64,), name="teacher_discriminators"):
-  """``num_teachers`` MLP discriminators in one batched Keras model (no weight sharing).
+                                   hidden=(64,), conv_filters=(), kernel_size=5,
+                                   name="teacher_discriminators"):
+  """``num_teachers`` discriminators in one batched Keras model (no weight sharing).
 
   Inputs: ``image [B, T, *image_shape]`` (teacher ``t`` reads slice ``[:, t]``) and, when
-  ``num_classes`` is set, ``one_hot_label [B, T, K]``.  Each teacher: flatten -> concatenate
-  the label -> (TeacherDense(width) -> LeakyReLU(0.2)) per ``hidden`` width -> TeacherDense(1);
-  output: logits ``[B, T]``.  ``TeacherDense`` computes ``x[b, t] @ W[t] + bias[t]``, so teacher
+  ``num_classes`` is set, ``one_hot_label [B, T, K]``.  Each teacher: (for rows that are
+  sequences, ``conv_filters`` non-empty: the row as ``[L, 1]`` -> (TeacherConv1D(F,
+  kernel_size, stride 2) -> LeakyReLU(0.2)) per ``F`` of ``conv_filters``) -> flatten ->
+  concatenate the label -> (TeacherDense(width) -> LeakyReLU(0.2)) per ``hidden`` width ->
+  TeacherDense(1); output: logits ``[B, T]``.  ``TeacherDense`` computes ``x[b, t] @ W[t] +
+  bias[t]`` and ``TeacherConv1D`` convolves slice ``t`` with teacher ``t``'s kernel, so teacher
   ``t``'s output depends on slice ``t`` and on its own weights only.
 
   Args:
     num_teachers: T, an integer >= 2.
     num_classes: None or K >= 2.
-    image_shape: tuple of integers >= 1.
+    image_shape: tuple of integers >= 1; ``(L,)`` when ``conv_filters`` is non-empty.
     hidden: tuple of layer widths, each an integer >= 1 (may be empty: a linear teacher).
+    conv_filters: tuple of integers >= 1 (default empty: an MLP teacher).
+    kernel_size: integer >= 1, the convolutions' width.
   """
   num_teachers = _checks.check_integer("num_teachers", num_teachers, minimum=2)
   if num_classes is not None:
@@ -68,10 +74,22 @@ def teacher_ensemble_discriminator(num_teachers, num_classes=None, image_shape=(
   hidden = tuple(hidden)
   for i, width in enumerate(hidden):
     _checks.check_integer(f"hidden[{i}]", width, minimum=1)
+  conv_filters = tuple(conv_filters)
+  for i, width in enumerate(conv_filters):
+    _checks.check_integer(f"conv_filters[{i}]", width, minimum=1)
+  kernel_size = _checks.check_integer("kernel_size", kernel_size, minimum=1)
+  if conv_filters and len(shape) != 1:
+    raise ValueError(f"conv_filters needs rows, image_shape=(L,), got {image_shape!r}.")
   teacher_dense, _, _ = _teachers._layers()  # pylint: disable=protected-access
   image = keras.Input((num_teachers, *shape), name="image")
   inputs = [image]
-  h = keras.layers.Reshape((num_teachers, math.prod(shape)))(image)
+  h = image
+  if conv_filters:
+    h = keras.layers.Reshape((num_teachers, shape[0], 1))(h)
+    for width in conv_filters:
+      h = keras.layers.LeakyReLU(0.2)(
+          _teachers.teacher_conv1d_layer()(num_teachers, width, kernel_size, 2)(h))
+  h = keras.layers.Reshape((num_teachers, -1))(h)
   if num_classes is not None:
     label = keras.Input((num_teachers, num_classes), name="one_hot_label")
     inputs.append(label)

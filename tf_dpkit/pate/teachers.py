@@ -10,7 +10,9 @@ weights:
   channels of teacher ``t`` are computed from teacher ``t``'s input channels only, by one
   ordinary ``tf.nn.conv2d`` per teacher on its own channel slice;
 * :class:`TeacherDense` holds a kernel ``[T, d_in, d_out]`` and computes
-  ``y[b, t] = x[b, t] @ W[t] + bias[t]`` (one batched ``einsum``).
+  ``y[b, t] = x[b, t] @ W[t] + bias[t]`` (one batched ``einsum``);
+* for rows that are sequences, ``TeacherConv1D`` (:func:`teacher_conv1d_layer`) convolves
+  ``[B, T, L, C]`` with a kernel ``[T, k, C, F]``: patches, then one batched matmul.
 
 Teacher ``t``'s parameters therefore depend on teacher ``t``'s inputs only, and the training
 loss is a sum of per-teacher losses, so each teacher's gradient is that of its own loss; Adam
@@ -139,6 +141,84 @@ def _teacher_dense_class():
       return {**super().get_config(), "num_teachers": self.num_teachers}
 
   return TeacherDense, TeacherConv2D, SplitTeachers
+
+
+def _teacher_conv1d_class():
+  keras = _keras()
+
+  @keras.saving.register_keras_serializable(package="tf_dpkit.pate")
+  class TeacherConv1D(keras.layers.Layer):
+    """Per-teacher 1-D convolution ('same' padding, as ``keras.layers.Conv1D``): input
+    ``[B, T, L, C_in]`` -> ``[B, T, ceil(L / strides), filters]`` with ``kernel [T, k, C_in,
+    filters]``: ``y[b, t, n] = sum_j x_pad[b, t, n * strides + j] @ kernel[t, j] + bias[t]``.
+
+    Patches from strided slices of the padded input, then one matmul per teacher (batched over
+    the teacher axis), so teacher ``t``'s outputs read its own slice and its own weights only,
+    and the gradients are those of slices, transposes and matmuls (no grouped convolution, no
+    gather), available on every device and build.
+    Each teacher equals a ``keras.layers.Conv1D`` holding its weights
+    (tests/tf_dpkit/pate/test_teachers.py)."""
+
+    def __init__(self, num_teachers, filters, kernel_size=5, strides=2, activation=None,
+                 **kwargs):
+      super().__init__(**kwargs)
+      self.num_teachers = int(num_teachers)
+      self.filters = int(filters)
+      self.kernel_size = int(kernel_size)
+      self.strides = int(strides)
+      self.activation = keras.activations.get(activation)
+
+    def build(self, input_shape):
+      c_in, k = int(input_shape[-1]), self.kernel_size
+      self.kernel = self.add_weight(
+          shape=(self.num_teachers, k, c_in, self.filters), name="kernel",
+          initializer=_uniform(keras, k * c_in, k * self.filters))
+      self.bias = self.add_weight(shape=(self.num_teachers, self.filters), name="bias",
+                                  initializer="zeros")
+
+    def _padding(self, length):
+      out = -(-length // self.strides)
+      total = max((out - 1) * self.strides + self.kernel_size - length, 0)
+      return out, total // 2, total - total // 2
+
+    def compute_output_shape(self, input_shape):
+      out = None if input_shape[2] is None else self._padding(int(input_shape[2]))[0]
+      return (input_shape[0], input_shape[1], out, self.filters)
+
+    def call(self, x):
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      out, left, right = self._padding(int(x.shape[2]))
+      c_in, t, k = int(x.shape[3]), self.num_teachers, self.kernel_size
+      x = tf.pad(x, [[0, 0], [0, 0], [left, right], [0, 0]])
+      span = (out - 1) * self.strides + 1
+      # Patches [B, T, n, k * C] (tap-major, as the kernel [T, k, C, F] flattens), then one
+      # batched matmul over the teacher axis.
+      patches = tf.concat([x[:, :, j:j + span:self.strides] for j in range(k)], axis=-1)
+      batch = tf.shape(patches)[0]
+      patches = tf.reshape(tf.transpose(patches, [1, 0, 2, 3]), [t, -1, k * c_in])
+      y = tf.matmul(patches, tf.reshape(self.kernel, [t, k * c_in, self.filters]))
+      y = tf.transpose(tf.reshape(y, [t, batch, out, self.filters]), [1, 0, 2, 3])
+      return self.activation(y + self.bias[None, :, None, :])
+
+    def get_config(self):
+      return {**super().get_config(), "num_teachers": self.num_teachers,
+              "filters": self.filters, "kernel_size": self.kernel_size,
+              "strides": self.strides,
+              "activation": keras.activations.serialize(self.activation)}
+
+  return TeacherConv1D
+
+
+_CONV1D = None
+
+
+def teacher_conv1d_layer():
+  """The ``TeacherConv1D`` layer class (built on first use: importing this module loads no
+  Keras)."""
+  global _CONV1D
+  if _CONV1D is None:
+    _CONV1D = _teacher_conv1d_class()
+  return _CONV1D
 
 
 def _uniform(keras, fan_in, fan_out):

@@ -87,6 +87,39 @@ def test_each_teacher_equals_a_plain_keras_cnn_holding_its_own_weights():
       assert np.all(np.delete(g_kernel, j, 0) == 0.0) and np.all(np.delete(g_bias, j, 0) == 0.0)
 
 
+@pytest.mark.parametrize("length,strides,kernel_size,channels",
+                         [(11, 2, 3, 1), (12, 2, 5, 2), (7, 1, 3, 1), (5, 3, 4, 2)])
+def test_each_conv1d_teacher_equals_keras_conv1d_holding_its_own_weights(
+    length, strides, kernel_size, channels):
+  """TeacherConv1D: teacher t's output is keras.layers.Conv1D(padding='same') with kernel[t]
+  and bias[t] on slice t (odd and even lengths and kernels, strides 1-3, 1-2 channels)."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from tf_dpkit.pate import teachers  # pylint: disable=g-import-not-at-top
+  num_teachers, filters = 3, 2
+  layer = teachers.teacher_conv1d_layer()(num_teachers, filters, kernel_size, strides)
+  x = np.random.default_rng(0).normal(size=(4, num_teachers, length, channels)).astype(np.float32)
+  out = layer(tf.constant(x)).numpy()
+  assert out.shape == (4, num_teachers, -(-length // strides), filters)
+  assert tuple(layer.compute_output_shape((None, num_teachers, length, channels)))[1:] == out.shape[1:]
+  for t in range(num_teachers):
+    reference = keras.layers.Conv1D(filters, kernel_size, strides=strides, padding="same")
+    reference.build((None, length, channels))
+    reference.set_weights([layer.kernel.numpy()[t], layer.bias.numpy()[t]])
+    np.testing.assert_allclose(out[:, t], reference(x[:, t]).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_conv1d_teacher_ensemble_checks_its_arguments():
+  from tf_dpkit.generative import pategan  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=r"conv_filters needs rows, image_shape=\(L,\)"):
+    pategan.teacher_ensemble_discriminator(3, 2, (4, 4, 1), conv_filters=(2,))
+  with pytest.raises(ValueError, match=r"conv_filters\[0\] must be an integer in \[1, inf\]"):
+    pategan.teacher_ensemble_discriminator(3, 2, (8,), conv_filters=(0,))
+  with pytest.raises(ValueError, match=r"kernel_size must be an integer in \[1, inf\]"):
+    pategan.teacher_ensemble_discriminator(3, 2, (8,), conv_filters=(2,), kernel_size=0)
+  model = pategan.teacher_ensemble_discriminator(3, None, (8,), hidden=(), conv_filters=(2, 2))
+  assert model.output_shape == (None, 3)
+
+
 def test_fit_refuses_overlapping_or_wrong_shards():
   ensemble = pate.TeacherEnsemble(2, (8, 8, 1), 3, conv_filters=(2,), hidden_units=0)
   x, y = np.zeros((10, 8, 8, 1), np.float32), np.zeros(10, np.int64)
