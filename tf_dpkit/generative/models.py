@@ -6,7 +6,8 @@ the name tells them apart from the DP Keras models (``tf_dpkit.dp_models``).  Us
 the names below are the same objects.
 """
 from tf_dpkit.generative.networks import (CONDITIONINGS, conv_discriminator, conv_generator,
-                                          mlp_discriminator, mlp_generator)
+                                          mlp_discriminator, mlp_generator,
+                                          sequence_discriminator, sequence_generator)
 
 __all__ = ["CONDITIONINGS", "conv_discriminator", "conv_generator", "mlp_discriminator",
-           "mlp_generator"]
+           "mlp_generator", "sequence_discriminator", "sequence_generator"]
