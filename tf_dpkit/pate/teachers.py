@@ -45,6 +45,7 @@ def _tf():
 
 
 def _teacher_dense_class():
+  """Defines (and registers with Keras) the per-teacher layers; see :func:`_layers`."""
   keras = _keras()
 
   @keras.saving.register_keras_serializable(package="tf_dpkit.pate")
@@ -73,8 +74,26 @@ def _teacher_dense_class():
       return {**super().get_config(), "num_teachers": self.num_teachers, "units": self.units,
               "activation": keras.activations.serialize(self.activation)}
 
+  class _TeacherConv(keras.layers.Layer):
+    """The settings every per-teacher convolution holds (``filters`` per teacher)."""
+
+    def __init__(self, num_teachers, filters, kernel_size=5, strides=2, activation=None,
+                 **kwargs):
+      super().__init__(**kwargs)
+      self.num_teachers = int(num_teachers)
+      self.filters = int(filters)
+      self.kernel_size = int(kernel_size)
+      self.strides = int(strides)
+      self.activation = keras.activations.get(activation)
+
+    def get_config(self):
+      return {**super().get_config(), "num_teachers": self.num_teachers,
+              "filters": self.filters, "kernel_size": self.kernel_size,
+              "strides": self.strides,
+              "activation": keras.activations.serialize(self.activation)}
+
   @keras.saving.register_keras_serializable(package="tf_dpkit.pate")
-  class TeacherConv2D(keras.layers.Layer):
+  class TeacherConv2D(_TeacherConv):
     """Per-teacher 2-D convolution ('same' padding): input ``[B, H, W, T * C_in]`` ->
     ``[B, H', W', T * filters]``, output channels ``t*filters ..`` computed from input
     channels ``t*C_in ..`` only (a grouped convolution with ``groups = T``).
@@ -87,15 +106,6 @@ def _teacher_dense_class():
     convolution and its gradients exist on every device, so this one form serves every build
     (each teacher equals a plain Keras CNN holding its weights:
     tests/tf_dpkit/pate/test_teachers.py)."""
-
-    def __init__(self, num_teachers, filters, kernel_size=5, strides=2, activation=None,
-                 **kwargs):
-      super().__init__(**kwargs)
-      self.num_teachers = int(num_teachers)
-      self.filters = int(filters)
-      self.kernel_size = int(kernel_size)
-      self.strides = int(strides)
-      self.activation = keras.activations.get(activation)
 
     def build(self, input_shape):
       c_in = int(input_shape[-1]) // self.num_teachers
@@ -115,11 +125,6 @@ def _teacher_dense_class():
                      for x_t, kernel_t in zip(inputs, kernels)], axis=-1)
       return self.activation(y + self.bias)
 
-    def get_config(self):
-      return {**super().get_config(), "num_teachers": self.num_teachers,
-              "filters": self.filters, "kernel_size": self.kernel_size,
-              "strides": self.strides,
-              "activation": keras.activations.serialize(self.activation)}
 
   @keras.saving.register_keras_serializable(package="tf_dpkit.pate")
   class SplitTeachers(keras.layers.Layer):
@@ -140,14 +145,8 @@ def _teacher_dense_class():
     def get_config(self):
       return {**super().get_config(), "num_teachers": self.num_teachers}
 
-  return TeacherDense, TeacherConv2D, SplitTeachers
-
-
-def _teacher_conv1d_class():
-  keras = _keras()
-
   @keras.saving.register_keras_serializable(package="tf_dpkit.pate")
-  class TeacherConv1D(keras.layers.Layer):
+  class TeacherConv1D(_TeacherConv):
     """Per-teacher 1-D convolution ('same' padding, as ``keras.layers.Conv1D``): input
     ``[B, T, L, C_in]`` -> ``[B, T, ceil(L / strides), filters]`` with ``kernel [T, k, C_in,
     filters]``: ``y[b, t, n] = sum_j x_pad[b, t, n * strides + j] @ kernel[t, j] + bias[t]``.
@@ -158,15 +157,6 @@ def _teacher_conv1d_class():
     gather), available on every device and build.
     Each teacher equals a ``keras.layers.Conv1D`` holding its weights
     (tests/tf_dpkit/pate/test_teachers.py)."""
-
-    def __init__(self, num_teachers, filters, kernel_size=5, strides=2, activation=None,
-                 **kwargs):
-      super().__init__(**kwargs)
-      self.num_teachers = int(num_teachers)
-      self.filters = int(filters)
-      self.kernel_size = int(kernel_size)
-      self.strides = int(strides)
-      self.activation = keras.activations.get(activation)
 
     def build(self, input_shape):
       c_in, k = int(input_shape[-1]), self.kernel_size
@@ -200,24 +190,13 @@ def _teacher_conv1d_class():
       y = tf.transpose(tf.reshape(y, [t, batch, out, self.filters]), [1, 0, 2, 3])
       return self.activation(y + self.bias[None, :, None, :])
 
-    def get_config(self):
-      return {**super().get_config(), "num_teachers": self.num_teachers,
-              "filters": self.filters, "kernel_size": self.kernel_size,
-              "strides": self.strides,
-              "activation": keras.activations.serialize(self.activation)}
-
-  return TeacherConv1D
-
-
-_CONV1D = None
+  return TeacherDense, TeacherConv2D, SplitTeachers, TeacherConv1D
 
 
 def teacher_conv1d_layer():
   """The ``TeacherConv1D`` layer class (built on first use: importing this module loads no
   Keras)."""
-  global _CONV1D
-  if _CONV1D is None:
-    _CONV1D = _teacher_conv1d_class()
+  _layers()
   return _CONV1D
 
 
@@ -229,12 +208,15 @@ def _uniform(keras, fan_in, fan_out):
 
 
 _LAYERS = None
+_CONV1D = None
 
 
 def _layers():
-  global _LAYERS
+  """``(TeacherDense, TeacherConv2D, SplitTeachers)``, built on first use."""
+  global _LAYERS, _CONV1D
   if _LAYERS is None:
-    _LAYERS = _teacher_dense_class()
+    *_LAYERS, _CONV1D = _teacher_dense_class()
+    _LAYERS = tuple(_LAYERS)
   return _LAYERS
 
 
