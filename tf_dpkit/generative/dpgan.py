@@ -217,8 +217,11 @@ class DPGAN:
     self.generator_optimizer.build(generator.trainable_variables)
     self._rng = tf.random.Generator.from_seed(self.seed)
     # One trace per padded batch size (see _padded): static batch shapes keep the fast
-    # path's cheap Gram-form norms for Dense layers.
-    self._d_step = tf.function(self._discriminator_step)
+    # path's cheap Gram-form norms for Dense layers.  autograph=False: the step and the
+    # clipping code it calls are graph code (no Python control flow on tensors: that would
+    # raise at trace time, not change the step); converting them took most of the first
+    # step's time (about 14 s of 18 s for a small model on 2 cores).
+    self._d_step = tf.function(self._discriminator_step, autograph=False)
     # About 3 standard deviations of the Poisson batch size, a power of two >= 8.
     self._pad_multiple = 2 ** int(round(math.log2(max(8.0, 3.0 * math.sqrt(
         self.expected_batch_size)))))
