@@ -167,6 +167,14 @@ def conv_discriminator(num_classes=10, image_shape=(28, 28, 1), filters=(32, 64)
   return keras.Model(inputs if len(inputs) > 1 else image, out, name=name)
 
 
+def _check_sequence(latent_dim, num_classes, length, filters, kernel_size):
+  """The arguments the two sequence builders share: ``(length, filters, kernel_size)``."""
+  length = _checks.check_integer("length", length, minimum=1)
+  filters = _check_filters("filters", filters)
+  _check_common(latent_dim, num_classes, (length,), (1,))
+  return length, filters, _checks.check_integer("kernel_size", kernel_size, minimum=1)
+
+
 def sequence_generator(latent_dim=32, num_classes=2, length=178, filters=(64, 32, 16),
                        kernel_size=5, batch_norm=True, name="generator"):
   """Conditional (or unconditional) 1-D convolutional generator for rows that are sequences.
@@ -189,10 +197,8 @@ def sequence_generator(latent_dim=32, num_classes=2, length=178, filters=(64, 32
     batch_norm: BatchNormalization in the blocks (allowed in a generator: it never reads real
       data).
   """
-  length = _checks.check_integer("length", length, minimum=1)
-  filters = _check_filters("filters", filters)
-  _check_common(latent_dim, num_classes, (length,), (1,))
-  kernel_size = _checks.check_integer("kernel_size", kernel_size, minimum=1)
+  length, filters, kernel_size = _check_sequence(latent_dim, num_classes, length, filters,
+                                                 kernel_size)
   if kernel_size % 2 == 0:
     raise ValueError(f"kernel_size must be an odd integer >= 1, got {kernel_size}.")
   start = -(-length // 2 ** len(filters))
@@ -230,10 +236,8 @@ def sequence_discriminator(num_classes=2, length=178, filters=(16, 32), kernel_s
     kernel_size: integer >= 1.
     hidden: integer >= 1.
   """
-  length = _checks.check_integer("length", length, minimum=1)
-  filters = _check_filters("filters", filters)
-  _check_common(None, num_classes, (length,), (1,))
-  kernel_size = _checks.check_integer("kernel_size", kernel_size, minimum=1)
+  length, filters, kernel_size = _check_sequence(None, num_classes, length, filters,
+                                                 kernel_size)
   hidden = _checks.check_integer("hidden", hidden, minimum=1)
   row = keras.Input((length,), name="image")
   inputs = [row]
