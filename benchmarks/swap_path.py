@@ -19,10 +19,18 @@ interleaved rep by rep in one process:
 
 Prints the median and best milliseconds per step and each one's ratio to ``non_private``
 (medians), after a header stating the build (``build_info``: CPU, oneDNN, compiled kernels).
+
+``--first_step`` measures what a user waits for before the loop runs instead: the first call of
+each step (tracing it, building the optimizer, one step), each method in a new Python process
+(autograph and TensorFlow cache per process), processes interleaved rep by rep::
+
+    python benchmarks/swap_path.py --first_step --models=mlp,mnist_cnn --batch_sizes=256 --reps=3
 """
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import time
 
@@ -43,6 +51,8 @@ flags.DEFINE_list("batch_sizes", ["256", "1024"], "Batch sizes.")
 flags.DEFINE_integer("reps", 8, "Timed steps per method (interleaved).")
 flags.DEFINE_string("out", None, "Markdown file to write the table to (default: print only).")
 flags.DEFINE_integer("warmup", 3, "Untimed steps per method after tracing.")
+flags.DEFINE_bool("first_step", False, "Time each method's first call (a new process each).")
+flags.DEFINE_string("child", None, "Internal (--first_step): the method this process times.")
 FLAGS = flags.FLAGS
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
@@ -90,7 +100,53 @@ def _steps(name):
   return steps
 
 
+def _child(method):
+  """Prints JSON: seconds of the first call of ``method``'s step, and of the second."""
+  name, batch = FLAGS.models[0], int(FLAGS.batch_sizes[0])
+  x, y = bench_models.batch_for(name, batch)
+  x, y = tf.constant(x), tf.constant(y)
+  step = _steps(name)[method]
+  start = time.perf_counter()
+  step(x, y)
+  first = time.perf_counter() - start
+  start = time.perf_counter()
+  step(x, y)
+  print(json.dumps({"first": first, "second": time.perf_counter() - start}), flush=True)
+
+
+def _first_steps():
+  methods = ("non_private", "swap", "private_gradients")
+  lines = ["| model | batch | non_private first call s (median / best) | swap s | "
+           "private_gradients s | swap / non_private | swap second call ms |", "|" + "---|" * 7]
+  for name in FLAGS.models:
+    for batch in FLAGS.batch_sizes:
+      times = {m: [] for m in methods}
+      seconds = []
+      for _ in range(FLAGS.reps):
+        for method in methods:
+          out = subprocess.run(
+              [sys.executable, os.path.abspath(__file__), f"--child={method}",
+               f"--models={name}", f"--batch_sizes={batch}"],
+              check=True, capture_output=True, text=True).stdout
+          result = json.loads(out.strip().splitlines()[-1])
+          times[method].append(result["first"])
+          if method == "swap":
+            seconds.append(result["second"])
+      s = {m: (np.median(t), np.min(t)) for m, t in times.items()}
+      line = (f"| {name} | {batch} | " + " | ".join(f"{a:.2f} / {b:.2f}" for a, b in s.values())
+              + f" | {s['swap'][0] / s['non_private'][0]:.2f}x | "
+              f"{1e3 * np.median(seconds):.1f} |")
+      lines.append(line)
+      print(line, flush=True)
+  build_info.report(f"{FLAGS.reps} new processes per method, interleaved; first call = trace + "
+                    "optimizer build + one step; ratios of medians.", lines, FLAGS.out)
+
+
 def main(_):
+  if FLAGS.child:
+    return _child(FLAGS.child)
+  if FLAGS.first_step:
+    return _first_steps()
   lines = ["| model | batch | non_private ms (median / best) | swap ms | private_gradients ms "
            "| swap / non_private | private_gradients / non_private |", "|" + "---|" * 7]
   for name in FLAGS.models:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tf_dpkit import _autograph
 from tf_dpkit import augmentation as augmentation_lib
 from tf_dpkit.clipping import groups, independence, swap
 from tf_dpkit.clipping.contract import (per_example_loss_function, per_example_weights,
@@ -103,6 +104,7 @@ def _clipped_sum_for_model(model, per_example_loss_fn, x, y, sample_weight, l2_n
                                 microbatch_size=microbatch_size)
 
 
+@_autograph.graph_code
 def private_gradients(optimizer, model, per_example_loss_fn, x, y, sample_weight=None,
                       method="auto", augmentation=None):
   """Private average gradients for ``model.trainable_variables`` (ready for ``optimizer.apply``).

@@ -15,6 +15,7 @@ import math
 import keras
 import tensorflow as tf
 
+from tf_dpkit import _autograph
 from tf_dpkit import augmentation as augmentation_lib
 from tf_dpkit.data.poisson import check_class_labels, pipeline_of
 from tf_dpkit.clipping import _keras_internals
@@ -241,6 +242,7 @@ def _weight_regularization(variables):
   return tf.add_n([tf.cast(t, tf.float32) for t in terms]) if terms else None
 
 
+@_autograph.graph_code  # a DP model called in the user's tf.function runs as written
 class _DPTrainStep:
   """Mixin holding the private ``compile`` and ``train_step``."""
 

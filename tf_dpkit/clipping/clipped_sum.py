@@ -21,6 +21,8 @@ import numbers
 
 import tensorflow as tf
 
+from tf_dpkit import _autograph
+
 
 _ISSUED = object()
 
@@ -68,6 +70,7 @@ def issue_clipped_sum(grads, norms, losses, l2_norm_clip=None) -> ClippedSum:
   return ClippedSum(grads, norms, losses, l2_norm_clip, _token=_ISSUED)
 
 
+@_autograph.graph_code
 def global_norms(per_microbatch_grads) -> tf.Tensor:
   """Returns the [M] L2 norms of per-microbatch gradients stacked on axis 0 of each tensor.
 
@@ -173,6 +176,7 @@ def unscaled_finite_float32(per_microbatch_grads, loss_scale=None, losses=None, 
   return [zero_rows(g, keep) for g in grads]
 
 
+@_autograph.graph_code
 def clip_and_sum(per_microbatch_grads, l2_norm_clip, loss_scale=None, losses=None, keep=None):
   """Clips each microbatch gradient to L2 norm ``l2_norm_clip`` and sums over microbatches.
 

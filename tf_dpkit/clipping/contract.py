@@ -23,6 +23,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from tf_dpkit import _autograph
 from tf_dpkit.clipping import _keras_internals
 
 __all__ = ["check_loss_is_per_example", "check_per_example_shape", "isolated_per_example_losses",
@@ -148,6 +149,7 @@ def check_per_example_shape(values, batch=None, prediction_shape=None,
   return checks
 
 
+@_autograph.graph_code
 def per_example_losses(values, batch, mask=None, name="the per-example loss function",
                        prediction_shape=None) -> tf.Tensor:
   """Returns ``values`` ([B] or [B, ...]) as [B] per-example losses (mean over trailing axes).
@@ -174,6 +176,7 @@ def per_example_losses(values, batch, mask=None, name="the per-example loss func
     return tf.reduce_mean(tf.reshape(values, [batch, -1]), axis=1)
 
 
+@_autograph.graph_code
 def per_example_weights(sample_weight, batch) -> tf.Tensor:
   """Returns ``sample_weight`` ([B] or [B, 1]) as float32 [B]; ones when it is ``None``.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from tf_dpkit import _autograph
 from tf_dpkit.clipping import _keras_internals as internals
 from tf_dpkit.clipping import independence, pooling
 from tf_dpkit.clipping.clipped_sum import (at_least_float32, clip_factors, finite_entries,
@@ -63,6 +64,7 @@ def graph_walkable(model) -> bool:
           and not _variables_of_several_layers(graph))
 
 
+@_autograph.graph_code
 def fast_path_available(model) -> bool:
   """True when the fast path's bound holds for ``model``: it is walkable (:func:`graph_walkable`)
   and every node of its graph is cleared as per example (``independence.batch_mixing``)."""
@@ -513,6 +515,7 @@ def _forward_and_output_gradients(model, graph, per_example_loss_fn, x, y, sampl
   return tape, y_pred, records, finite_examples, per_example, output_grads, scale
 
 
+@_autograph.graph_code
 def clipped_sum_fast(model, per_example_loss_fn, inputs, l2_norm_clip, num_microbatches=None,
                      loss_scale=None, microbatch_size=None):
   """Clipped sum of per-microbatch gradients of a functional/Sequential Keras model.

@@ -24,6 +24,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from analysis import _checks
+from tf_dpkit import _autograph
 from tf_dpkit.clipping.clipped_sum import clip_and_sum, finite_microbatches, issue_clipped_sum
 from tf_dpkit.clipping.contract import map_examples
 
@@ -91,6 +92,7 @@ def assert_nonempty(batch_size):
       "other pipelines).")
 
 
+@_autograph.graph_code
 def split_into_microbatches(vector_loss, num_microbatches=None):
   """Returns the [M] microbatch mean losses of a per-example loss vector of length B.
 
@@ -131,6 +133,7 @@ def _zeros_for_unconnected(jacobian, var_list, num_rows):
   ]
 
 
+@_autograph.graph_code
 def clipped_sum_from_vector_loss(vector_loss, var_list, l2_norm_clip, num_microbatches=None,
                                  tape=None, loss_scale=None):
   """Clipped sum of per-microbatch gradients of a vector loss.
@@ -205,6 +208,7 @@ def _to_microbatches(tensor, num_microbatches, microbatch_size=None):
   return tf.reshape(tensor, tf.concat([leading, rest], 0))
 
 
+@_autograph.graph_code
 def clipped_sum_vectorized(loss_fn, inputs, var_list, l2_norm_clip, num_microbatches=None,
                            vectorize=True, loss_scale=None, microbatch_size=None):
   """Clipped sum of per-microbatch gradients, mapping ``loss_fn`` over microbatches.

@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from analysis import _checks, calibration
+from tf_dpkit import _autograph
 from tf_dpkit.budget import Phase, PrivacyLedger, ledger_array
 from tf_dpkit.clipping import fast_path
 from tf_dpkit.data.poisson import poisson_batches
@@ -217,15 +218,13 @@ class DPGAN:
     self.generator_optimizer.build(generator.trainable_variables)
     self._rng = tf.random.Generator.from_seed(self.seed)
     # One trace per padded batch size (see _padded): static batch shapes keep the fast
-    # path's cheap Gram-form norms for Dense layers.  autograph=False: the step and the
-    # clipping code it calls are graph code (no Python control flow on tensors: that would
-    # raise at trace time, not change the step); converting them took most of the first
-    # step's time (about 14 s of 18 s for a small model on 2 cores).
-    self._d_step = tf.function(self._discriminator_step, autograph=False)
+    # path's cheap Gram-form norms for Dense layers.  Traced without autograph
+    # (tf_dpkit._autograph).
+    self._d_step = _autograph.function(self._discriminator_step)
     # About 3 standard deviations of the Poisson batch size, a power of two >= 8.
     self._pad_multiple = 2 ** int(round(math.log2(max(8.0, 3.0 * math.sqrt(
         self.expected_batch_size)))))
-    self._g_step = tf.function(self._generator_step)
+    self._g_step = _autograph.function(self._generator_step)
     self.history: list[dict] = []
 
   # -- shapes ----------------------------------------------------------------------------------

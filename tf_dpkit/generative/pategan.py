@@ -29,6 +29,7 @@ import tensorflow as tf
 from analysis import _checks, calibration
 from analysis import events as _events
 from analysis import pate as pate_analysis
+from tf_dpkit import _autograph
 from tf_dpkit.clipping import fast_path
 from tf_dpkit.generative import dpgan as _dpgan
 from tf_dpkit.pate import aggregators as _aggregators
@@ -367,10 +368,10 @@ class PATEGAN:
     self.generator_optimizer.build(generator.trainable_variables)
     self._rng = tf.random.Generator.from_seed(self.seed)
     self._positions = np.random.default_rng(self.seed)  # teacher minibatch positions (public)
-    self._t_step = tf.function(self._teacher_step)
-    self._votes_fn = tf.function(self._teacher_votes)
-    self._s_step = tf.function(self._student_step)
-    self._g_step = tf.function(self._generator_step)
+    self._t_step = _autograph.function(self._teacher_step)
+    self._votes_fn = _autograph.function(self._teacher_votes)
+    self._s_step = _autograph.function(self._student_step)
+    self._g_step = _autograph.function(self._generator_step)
     self.history: list[dict] = []
     self.shards = None
 

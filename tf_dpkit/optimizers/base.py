@@ -19,7 +19,7 @@ import numbers
 import tensorflow as tf
 
 from analysis import _checks, _secrecy
-from tf_dpkit import distribute
+from tf_dpkit import _autograph, distribute
 from tf_dpkit.clipping.clipped_sum import ClippedSum
 from tf_dpkit.clipping.per_example import assert_nonempty
 from tf_dpkit.optimizers.certificate import PrivateGradientCertificate
@@ -170,6 +170,7 @@ class DPOptimizerBase:
       dtypes = {keras.config.dtype_policy().compute_dtype}
     return DEFAULT_FLOAT16_LOSS_SCALE if "float16" in dtypes else None
 
+  @_autograph.graph_code
   def privatize(self, clipped: ClippedSum, data_independent_grads=None):
     """Private average gradients from a clipped sum, certified for ``apply``.
 

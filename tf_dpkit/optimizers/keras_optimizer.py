@@ -10,6 +10,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from tf_dpkit import _autograph
 from tf_dpkit.clipping import clipped_sum_from_vector_loss
 from tf_dpkit.clipping import groups as groups_lib
 from tf_dpkit.clipping import swap
@@ -155,6 +156,7 @@ def make_keras_dp_class(base):
     def _loss_scale(self):
       return self.loss_scale_factor
 
+    @_autograph.graph_code
     def compute_gradients(self, loss, var_list, tape=None):
       """Private gradients of a vector loss: ``[(grad, var), ...]``.
 
@@ -178,7 +180,7 @@ def make_keras_dp_class(base):
       var_list = list(var_list)
       if callable(loss):
         with tf.GradientTape() as tape:
-          loss = loss()
+          loss = _autograph.user_function(loss)()
       elif tape is None:
         raise ValueError(
             f"{type(self).__name__}.compute_gradients needs `tape=` (the GradientTape that "
@@ -200,12 +202,14 @@ def make_keras_dp_class(base):
           tape=tape, loss_scale=self.static_loss_scale())
       return list(zip(self.privatize(clipped), var_list))
 
+    @_autograph.graph_code
     def minimize(self, loss, var_list, tape=None):
       """``compute_gradients`` then ``apply_gradients``; returns ``iterations`` after the step."""
       grads_and_vars = self.compute_gradients(loss, var_list, tape=tape)
       self.apply_gradients(grads_and_vars)
       return self.iterations
 
+    @_autograph.graph_code
     def apply(self, grads, trainable_variables=None):
       grads = list(grads)
       if trainable_variables is not None:

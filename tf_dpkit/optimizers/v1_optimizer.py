@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tf_dpkit import _autograph
 from tf_dpkit.clipping import clipped_sum_from_vector_loss
 from tf_dpkit.clipping import graph_replay
 from tf_dpkit.clipping import swap
@@ -50,6 +51,7 @@ def make_v1_dp_class(base):
       self._attach_dp(settings)
       super().__init__(*args, **kwargs)
 
+    @_autograph.graph_code
     def compute_gradients(self, loss, var_list=None, gate_gradients=base.GATE_OP,
                           aggregation_method=None, colocate_gradients_with_ops=False,
                           grad_loss=None, tape=None):
@@ -61,7 +63,7 @@ def make_v1_dp_class(base):
         if var_list is None:
           raise ValueError("A callable loss needs an explicit var_list.")
         with tf.GradientTape() as tape:
-          loss = loss()
+          loss = _autograph.user_function(loss)()
       if var_list is None:
         var_list = (_V1.trainable_variables() +
                     _V1.get_collection(_V1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
@@ -84,6 +86,7 @@ def make_v1_dp_class(base):
             loss, var_list, self._dp.l2_norm_clip, self._dp.num_microbatches, tape=tape)
       return list(zip(self.privatize(clipped), var_list))
 
+    @_autograph.graph_code
     def minimize(self, loss, global_step=None, var_list=None, gate_gradients=base.GATE_OP,
                  aggregation_method=None, colocate_gradients_with_ops=False, name=None,
                  grad_loss=None, tape=None):
@@ -92,6 +95,7 @@ def make_v1_dp_class(base):
           loss, var_list=var_list, grad_loss=grad_loss, tape=tape)
       return self.apply_gradients(grads_and_vars, global_step=global_step, name=name)
 
+    @_autograph.graph_code
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
       grads_and_vars = list(grads_and_vars)
       self._check_certified([g for g, _ in grads_and_vars])

@@ -80,6 +80,7 @@ def train_student(x_labeled, y_labeled, x_unlabeled=None, *, method: str = "fixm
   """
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tf_dpkit import _autograph  # pylint: disable=g-import-not-at-top
   method = _checks.check_choice("method", method, METHODS)
   steps = _checks.check_integer("steps", steps, minimum=1)
   batch_size = _checks.check_integer("batch_size", batch_size, minimum=1)
@@ -115,7 +116,7 @@ def train_student(x_labeled, y_labeled, x_unlabeled=None, *, method: str = "fixm
   n_u = len(x_u) if semi else 0
   bu = batch_size * unlabeled_ratio
 
-  @tf.function
+  @_autograph.function
   def step(i):
     seed_i = tf.random.experimental.stateless_fold_in(base, i)
     pick = lambda s, n, b: tf.random.stateless_uniform(  # noqa: E731

@@ -317,6 +317,7 @@ class TeacherEnsemble:
       the list of per-epoch mean training losses (also kept in ``self.history``).
     """
     keras, tf = _keras(), _tf()
+    from tf_dpkit import _autograph  # pylint: disable=g-import-not-at-top
     epochs = _checks.check_integer("epochs", epochs, minimum=1)
     batch_size = _checks.check_integer("batch_size", batch_size, minimum=1)
     learning_rate = _checks.check_finite_positive("learning_rate", learning_rate)
@@ -338,7 +339,7 @@ class TeacherEnsemble:
     model = self.model
     aug_seed = tf.constant([self.seed or 0, 1], tf.int64)
 
-    @tf.function(reduce_retracing=True)
+    @_autograph.function(reduce_retracing=True)
     def train_step(batch_index, step):  # batch_index [B, T]; -1 = padding
       valid = batch_index >= 0
       safe = tf.where(valid, batch_index, 0)
@@ -385,12 +386,13 @@ class TeacherEnsemble:
 
     The result is private (noiseless teacher outputs): do not publish it."""
     tf = _tf()
+    from tf_dpkit import _autograph  # pylint: disable=g-import-not-at-top
     batch_size = _checks.check_integer("batch_size", batch_size, minimum=1)
     x = self._images(x, "x")
     t = self.num_teachers
     model = self.model
 
-    @tf.function(reduce_retracing=True)
+    @_autograph.function(reduce_retracing=True)
     def predict(images):
       return model(tf.tile(images, (1, 1, 1, t)), training=False)
 

@@ -24,6 +24,7 @@ import tensorflow as tf
 from analysis import _checks
 from analysis import calibration
 from analysis import compute_dp_sgd_privacy as _privacy_lib
+from tf_dpkit import _autograph
 from tf_dpkit import dp_models as _models
 from tf_dpkit.optimizers import accumulation as _accumulation
 from tf_dpkit.optimizers import is_dp_optimizer, make_gaussian_optimizer_class
@@ -93,6 +94,7 @@ class _TFPrivacyOptimizer:
     config["noise_multiplier"] = self._tfp_noise_multiplier
     return config
 
+  @_autograph.graph_code
   def compute_gradients(self, loss, var_list, tape=None):
     """Private gradients ``[(grad, var), ...]`` of a vector loss (see tf_dpkit's class).
 
@@ -102,21 +104,24 @@ class _TFPrivacyOptimizer:
     if callable(var_list):
       if callable(loss):
         with tf.GradientTape() as tape:
-          loss = loss()
-      var_list = var_list()
+          loss = _autograph.user_function(loss)()
+      var_list = _autograph.user_function(var_list)()
     return super().compute_gradients(loss, var_list, tape=tape)
 
+  @_autograph.graph_code
   def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
     """TF Privacy's (Keras 2) name: ``compute_gradients``; ``grad_loss`` must be None."""
     _check_no_grad_loss(grad_loss)
     return self.compute_gradients(loss, var_list, tape=tape)
 
+  @_autograph.graph_code
   def minimize(self, loss, var_list, grad_loss=None, name=None, tape=None):
     """``compute_gradients`` then ``apply_gradients`` (Keras 2's signature; ``name`` unused)."""
     del name
     _check_no_grad_loss(grad_loss)
     return super().minimize(loss, var_list, tape=tape)
 
+  @_autograph.graph_code
   def apply(self, grads, trainable_variables=None):
     try:
       return super().apply(grads, trainable_variables)
