@@ -17,7 +17,7 @@ from tf_dpkit.clipping.rules._linear import as_sequence, group_examples, propaga
 from tf_dpkit.clipping.rules.registry import LayerTrace, register_layer_rule
 
 
-def scale_shift_trace(layer, inputs, normalized, gamma, beta):
+def scale_shift_trace(layer, inputs, normalized, gamma, beta, z=None):
   """The ``LayerTrace`` of ``z = normalized * gamma + beta`` (either may be None), both of
   shape [C] and acting on the last axis of ``normalized`` ([B, ..., C], independent of the
   layer's weights).
@@ -26,12 +26,18 @@ def scale_shift_trace(layer, inputs, normalized, gamma, beta):
   microbatch's positions ``s`` (its examples' positions together), counting only the weights
   in ``layer.trainable_variables``; ``clipped_sum(factors)``: ``sum_j c_j grad_j`` for
   ``layer.trainable_variables`` in their order, from the [M, C] per-microbatch gradients.
+
+  ``normalized`` may be a zero-argument callable returning ``xhat`` (formed only when the norms
+  are, outside the differentiated forward pass); ``z``, when given, is the layer's output
+  formed by the caller (equal to ``xhat * gamma + beta``; the caller's own, cheaper form),
+  else it is formed here from ``normalized`` (then a tensor).
   """
-  z = normalized
-  if gamma is not None:
-    z = z * gamma
-  if beta is not None:
-    z = z + beta
+  if z is None:
+    z = normalized
+    if gamma is not None:
+      z = z * gamma
+    if beta is not None:
+      z = z + beta
   outputs = propagate_mask(inputs, z)
   trainable = {id(v) for v in layer.trainable_variables}
   kept = {}
@@ -39,7 +45,8 @@ def scale_shift_trace(layer, inputs, normalized, gamma, beta):
   def squared_norms(g, num_groups):
     g_seq = group_examples(as_sequence(g), num_groups)
     if gamma is not None and id(gamma) in trainable:
-      xhat = group_examples(as_sequence(normalized), num_groups)
+      xhat = normalized() if callable(normalized) else normalized
+      xhat = group_examples(as_sequence(tf.cast(xhat, g_seq.dtype)), num_groups)
       kept[id(gamma)] = tf.reduce_sum(g_seq * xhat, axis=1)  # [M, C]
     if beta is not None and id(beta) in trainable:
       kept[id(beta)] = tf.reduce_sum(g_seq, axis=1)  # [M, C]
