@@ -10,7 +10,7 @@ of tf_dpkit's functions at its first trace.  The rule, kept here only:
   calls them as written (and so everything they call), leaving the user's autograph setting as
   it is, exactly as it calls TensorFlow's and Keras's functions;
 * tf_dpkit's own ``tf.function`` steps are made by :func:`function` (``autograph=False``);
-* a plain Python function the user hands in (a zero-argument loss, a per-example loss) is
+* a callable the user hands in (a zero-argument loss, TF Privacy's callable ``var_list``) is
   converted when the user's own code is (:func:`user_function`, TensorFlow's ``tf_convert``
   contract for functions that take user code), so its ``if``/``for`` on tensors work as in the
   user's ``tf.function``.
@@ -21,6 +21,8 @@ Library code therefore branches on tensors with ``tf.cond`` / ``tf.while_loop`` 
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import types
 
 import tensorflow as tf
@@ -28,7 +30,7 @@ from tensorflow.python.autograph.impl import api as _autograph_api  # pylint: di
 
 __all__ = ["function", "graph_code", "user_function"]
 
-_USER_CODE_EXCLUDED = ("tf_dpkit", "tensorflow", "keras")
+_USER_CODE_EXCLUDED = ("tf_dpkit", "tensorflow", "keras", "builtins")
 
 
 def graph_code(fn):
@@ -52,18 +54,29 @@ def function(fn=None, **kwargs):
   return tf.function(fn, autograph=False, **kwargs)
 
 
+def _defining_module(fn) -> str:
+  """Top-level package that defines ``fn`` (a function, method, ``functools.partial`` or callable
+  object)."""
+  target = fn
+  while isinstance(target, functools.partial):
+    target = target.func
+  if inspect.ismethod(target):
+    target = target.__func__
+  if not isinstance(target, types.FunctionType):
+    target = type(target)
+  return (getattr(target, "__module__", None) or "").split(".")[0]
+
+
 def user_function(fn):
   """``fn`` converted by autograph if the code calling tf_dpkit is (a user's ``tf.function`` with
-  autograph on), else ``fn`` as written; only plain Python functions and lambdas outside
-  TensorFlow, Keras and tf_dpkit are converted, anything else is returned unchanged.
+  autograph on), else ``fn`` as written.  Functions, lambdas, methods, ``functools.partial``
+  objects and callable objects are converted, except those defined by TensorFlow, Keras,
+  tf_dpkit or Python's builtins (returned unchanged, as are classes and non-callables).
 
   A function autograph cannot convert (no source, e.g. defined in an interactive session) runs
   as written, with autograph's usual warning.
   """
-  if not isinstance(fn, types.FunctionType):
-    return fn
-  module = (getattr(fn, "__module__", None) or "").split(".")[0]
-  if module in _USER_CODE_EXCLUDED:
+  if not callable(fn) or isinstance(fn, type) or _defining_module(fn) in _USER_CODE_EXCLUDED:
     return fn
   return tf.__internal__.autograph.tf_convert(
       fn, tf.__internal__.autograph.control_status_ctx(), convert_by_default=False)

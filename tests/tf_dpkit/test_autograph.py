@@ -1,5 +1,7 @@
 """tf_dpkit's code is not rewritten by autograph inside a user's ``tf.function``; the user's own
 Python functions still are (``tf_dpkit._autograph``)."""
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -132,11 +134,33 @@ def test_user_function_follows_the_callers_autograph_setting():
     as_written(tf.constant([1.0]))
 
 
+class _Losses:
+  """A user's loss as a method, and as a callable object."""
+
+  def method(self, x):
+    return _branchy(x)
+
+  def __call__(self, x):
+    return _branchy(x)
+
+
+@pytest.mark.parametrize("kind", ["method", "partial", "object"])
+def test_user_function_converts_methods_partials_and_callable_objects(kind):
+  fn = {"method": _Losses().method, "object": _Losses(),
+        "partial": functools.partial(lambda x, k: _branchy(x) * k, k=1.0)}[kind]
+  converted = tf.function(lambda x: _library(fn, x))
+  assert float(converted(tf.constant([1.0]))[0]) == 2.0
+  assert float(converted(tf.constant([-1.0]))[0]) == -2.0
+
+
 def test_user_function_leaves_other_callables_alone():
   assert _autograph.user_function(LOSS) is LOSS  # a Keras loss object
   assert _autograph.user_function(keras.losses.mean_squared_error) is (
       keras.losses.mean_squared_error)
   assert _autograph.user_function(swap.take_record) is swap.take_record
+  assert _autograph.user_function(len) is len
+  assert _autograph.user_function(_Losses) is _Losses  # a class
+  assert _autograph.user_function(3) == 3
   assert _autograph.graph_code(_branchy) is _branchy  # marked, not wrapped
 
 
