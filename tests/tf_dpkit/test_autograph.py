@@ -15,10 +15,11 @@ LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=No
 B = 8
 
 
-def _model():
+def _model(hidden=6, classes=3):
+  """A small DP MLP (5 features), the same weights on every call."""
   keras.utils.set_random_seed(4)
-  return tf_dpkit.DPSequential([keras.Input((5,)), keras.layers.Dense(6, activation="tanh"),
-                                keras.layers.Dense(3)])
+  layers = [keras.layers.Dense(hidden, activation="tanh"), keras.layers.Dense(classes)]
+  return tf_dpkit.DPSequential([keras.Input((5,))] + layers)
 
 
 def _batch():
