@@ -37,8 +37,8 @@ def group_normalization_rule(layer, inputs):
   seq = as_sequence(inputs)  # [B, S, C]
   grouped = tf.reshape(seq, tf.stack([tf.shape(seq)[0], tf.shape(seq)[1], groups,
                                       channels // groups]))
-  compute_dtype = tf.float64 if grouped.dtype == tf.float64 else tf.float32
-  grouped = tf.cast(grouped, compute_dtype)  # Keras's statistics are never in 16 bits
+  compute_dtype = keras.backend.result_type(grouped.dtype, "float32")  # Keras's own rule
+  grouped = tf.cast(grouped, compute_dtype)
   mean, variance = tf.nn.moments(grouped, axes=[1, 3], keepdims=True)  # [B, 1, G, 1]
   inverse = tf.math.rsqrt(variance + layer.epsilon)
   per_channel = [1, 1, groups, channels // groups]
@@ -52,8 +52,7 @@ def group_normalization_rule(layer, inputs):
   z = tf.cast(tf.reshape(grouped * scale + shift, tf.shape(inputs)), layer.compute_dtype)
   z.set_shape(inputs.shape)
 
-  def normalized():
-    stats = tf.stop_gradient(inverse), tf.stop_gradient(mean)
-    xhat = (tf.stop_gradient(grouped) - stats[1]) * stats[0]
-    return tf.reshape(xhat, tf.shape(inputs))
+  def normalized():  # xhat, outside the differentiated forward pass
+    xhat = (grouped - mean) * inverse
+    return tf.reshape(tf.stop_gradient(xhat), tf.shape(inputs))
   return scale_shift_trace(layer, inputs, normalized, gamma, beta, z=z)
