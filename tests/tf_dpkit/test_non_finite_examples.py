@@ -352,3 +352,68 @@ def test_mirrored_replicas_leave_the_non_finite_example_out():
   assert np.abs(result["expected"]).max() > 1e-2  # a real update
   np.testing.assert_allclose(result["distributed"], result["single"], atol=1e-6)
   np.testing.assert_allclose(result["distributed"], result["expected"], atol=1e-6)
+
+
+# The finite-entry helpers skip their select when a cheap test (the sum of all entries is
+# finite) proves every entry finite, and take the exact entry-by-entry branch otherwise.  The
+# reference is numpy's entry-by-entry isfinite, on inputs that drive each branch: all finite;
+# one inf / NaN; +inf and -inf in different rows (their sum is NaN); and finite entries whose
+# sum overflows float32 (the cheap test fails although every entry is finite).
+_BIG = np.float32(3e38)
+_CASES = {
+    "finite": np.arange(24, dtype=np.float32).reshape(4, 3, 2),
+    "one_inf": np.where(np.arange(24).reshape(4, 3, 2) == 9, np.inf, 1.0).astype(np.float32),
+    "nan": np.where(np.arange(24).reshape(4, 3, 2) == 20, np.nan, 1.0).astype(np.float32),
+    "cancelling_infs": np.where(np.arange(24).reshape(4, 3, 2) == 1, np.inf, np.where(
+        np.arange(24).reshape(4, 3, 2) == 13, -np.inf, 2.0)).astype(np.float32),
+    "sum_overflows": np.full((4, 3, 2), _BIG, np.float32),
+}
+
+
+def _reference_entries(x):
+  ok = np.isfinite(x)
+  return np.where(ok, x, 0.0), ok.reshape(len(x), -1).all(axis=1)
+
+
+@pytest.mark.parametrize("case", sorted(_CASES))
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("traced", [False, True])
+def test_finite_entries_and_rows_match_numpy_on_both_branches(case, dtype, traced):
+  from tf_dpkit.clipping.clipped_sum import finite_entries, finite_rows
+  x = _CASES[case].astype(dtype)  # float16: 3e38 is inf there, handled as inf
+  spec = tf.TensorSpec([None, 3, 2], dtype)
+  entries = tf.function(finite_entries, input_signature=[spec]) if traced else finite_entries
+  rows = (tf.function(lambda t: finite_rows([t, None], tf.shape(t)[0] // 2), input_signature=[spec])
+          if traced else (lambda t: finite_rows([t, None], t.shape[0] // 2)))
+  want_x, want_rows = _reference_entries(x)
+  got_x, got_rows = entries(tf.constant(x))
+  np.testing.assert_array_equal(got_x.numpy(), want_x)
+  np.testing.assert_array_equal(got_rows.numpy(), want_rows)
+  # finite_rows groups rows two at a time (M = 2 microbatches of 2).
+  np.testing.assert_array_equal(rows(tf.constant(x)).numpy(), want_rows.reshape(2, 2).all(axis=1))
+
+
+@pytest.mark.parametrize("keep", [[True, True], [True, False], [False, False]])
+def test_zero_rows_zeroes_exactly_the_dropped_groups_and_passes_the_rest_unchanged(keep):
+  from tf_dpkit.clipping.clipped_sum import zero_rows
+  x = _CASES["nan"]  # NaN in row 3 (group 1): kept as it is when group 1 is kept
+  want = np.where(np.repeat(keep, 2)[:, None, None], x, 0.0)
+  got = zero_rows(tf.constant(x), tf.constant(keep)).numpy()
+  np.testing.assert_array_equal(got, want)
+  traced = tf.function(zero_rows)(tf.constant(x), tf.constant(keep)).numpy()
+  np.testing.assert_array_equal(traced, want)
+
+
+@pytest.mark.parametrize("case", ["finite", "one_inf", "sum_overflows"])
+def test_gradient_through_finite_entries_is_one_on_finite_entries_and_zero_elsewhere(case):
+  from tf_dpkit.clipping.clipped_sum import finite_entries
+  x = tf.constant(_CASES[case])
+
+  @tf.function
+  def grad(t):
+    with tf.GradientTape() as tape:
+      tape.watch(t)
+      cleaned, _ = finite_entries(t)
+      total = tf.reduce_sum(cleaned * 0.5)
+    return tape.gradient(total, t)
+  np.testing.assert_array_equal(grad(x).numpy(), np.where(np.isfinite(_CASES[case]), 0.5, 0.0))

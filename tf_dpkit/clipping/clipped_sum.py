@@ -105,12 +105,35 @@ def at_least_float32(tensor):
   return tensor
 
 
+def _all_finite_hint(tensor):
+  """Scalar bool that is True only if every entry of ``tensor`` is finite, cheaply.
+
+  The sum of the entries is inf or NaN whenever one entry is (``inf + x = inf``,
+  ``inf - inf = NaN``, NaN propagates), so a finite sum proves every entry finite; the converse
+  fails only when the sum of finite entries overflows, and then the callers take their exact
+  entry-by-entry branch.  One vectorised reduction instead of a boolean tensor the size of
+  ``tensor`` and a select over it.  Half precision gets False (its sums overflow at 65504, so
+  the hint would send it to the exact branch anyway).
+  """
+  if tensor.dtype not in (tf.float32, tf.float64):
+    return tf.constant(False)
+  return tf.math.is_finite(tf.reduce_sum(tensor))
+
+
 def finite_rows(tensors, num_rows) -> tf.Tensor:
   """[M] bool: row ``j`` of every tensor in ``tensors`` (each ``[M*k, ...]``, rows grouped
   ``k`` at a time into ``M`` groups) is finite (no inf or NaN)."""
-  ok = [tf.reduce_all(tf.reshape(tf.math.is_finite(t), [num_rows, -1]), axis=1)
-        for t in tensors if t is not None]
-  return tf.reduce_all(tf.stack(ok), axis=0) if ok else tf.ones([num_rows], tf.bool)
+  present = [tf.convert_to_tensor(t) for t in tensors if t is not None]  # IndexedSlices: dense
+  if not present:
+    return tf.ones([num_rows], tf.bool)
+
+  def exact():
+    ok = [tf.reduce_all(tf.reshape(tf.math.is_finite(t), [num_rows, -1]), axis=1)
+          for t in present]
+    return tf.reduce_all(tf.stack(ok), axis=0)
+
+  hint = tf.reduce_all(tf.stack([_all_finite_hint(t) for t in present]))
+  return tf.cond(hint, lambda: tf.ones([num_rows], tf.bool), exact)
 
 
 def finite_entries(tensor):
@@ -120,10 +143,18 @@ def finite_entries(tensor):
   rule then works on finite values, and the row flags mark the examples to leave out (their
   output gradients are zeroed and their clip factor is 0), so their contribution to every
   norm and clipped sum is exactly 0.  ``tf.where``, not a product: ``0 * inf`` would be NaN.
+  Both are exact; when every entry is finite (the sum of the entries is, see
+  ``_all_finite_hint``) the tensor passes through unchanged without the select.
   """
-  finite = tf.math.is_finite(tensor)
-  rows = tf.reduce_all(tf.reshape(finite, tf.stack([tf.shape(tensor)[0], -1])), axis=1)
-  return tf.where(finite, tensor, tf.zeros_like(tensor)), rows
+  batch = tf.shape(tensor)[0]
+
+  def exact():
+    finite = tf.math.is_finite(tensor)
+    rows = tf.reduce_all(tf.reshape(finite, tf.stack([batch, -1])), axis=1)
+    return tf.where(finite, tensor, tf.zeros_like(tensor)), rows
+
+  return tf.cond(_all_finite_hint(tensor),
+                 lambda: (tf.identity(tensor), tf.ones(tf.reshape(batch, [1]), tf.bool)), exact)
 
 
 def finite_microbatches(per_microbatch_grads, losses=None):
@@ -143,12 +174,19 @@ def zero_rows(tensor, keep):
   (``tf.where``, so a NaN or inf there does not reach the result)."""
   if tensor is None:
     return None
+  tensor = tf.convert_to_tensor(tensor)  # e.g. an IndexedSlices output gradient, made dense
   rows = tf.shape(tensor)[0]
   # max(M, 1): an empty batch (M = 0) must fail at the clear empty-batch assertion, which a
   # graph may run after this op, not with an integer division by zero here.
-  keep = tf.repeat(keep, rows // tf.maximum(tf.shape(keep)[0], 1))
-  keep = tf.reshape(keep, tf.concat([[rows], tf.ones([tf.rank(tensor) - 1], tf.int32)], 0))
-  return tf.where(keep, tensor, tf.zeros_like(tensor))
+
+  def select():
+    repeated = tf.repeat(keep, rows // tf.maximum(tf.shape(keep)[0], 1))
+    repeated = tf.reshape(repeated,
+                          tf.concat([[rows], tf.ones([tf.rank(tensor) - 1], tf.int32)], 0))
+    return tf.where(repeated, tensor, tf.zeros_like(tensor))
+
+  # Every group kept (the usual case): the tensor as it is, without a select over it.
+  return tf.cond(tf.reduce_all(keep), lambda: tf.identity(tensor), select)
 
 
 def unscaled_finite_float32(per_microbatch_grads, loss_scale=None, losses=None, keep=None):
