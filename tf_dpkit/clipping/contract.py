@@ -20,6 +20,9 @@ random ops), with ``tf.map_fn``: slower, but every example is still computed alo
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import keras
 import tensorflow as tf
 
@@ -206,11 +209,33 @@ def pfor_is_safe(layers) -> bool:
                  for layer in layers for sub in _keras_internals.sublayers(layer, True))
 
 
+def _pfor_failure_is_quiet(record) -> bool:
+  """Logging filter: drops ``pfor``'s own log of an op it failed to convert (the error, then
+  the op's whole definition and where it was created, at ERROR level), which
+  :func:`map_examples` answers by falling back to ``tf.map_fn``; every other record passes."""
+  message = str(record.msg)
+  return not (message.startswith("Got error while pfor was converting op") or
+              message == "%s\ncreated at:\n  %s")
+
+
+@contextlib.contextmanager
+def _quiet_pfor_failures():
+  """While active, :func:`_pfor_failure_is_quiet` filters TensorFlow's logger (removed on
+  exit: the process's logging is left as it was)."""
+  logger = logging.getLogger("tensorflow")
+  logger.addFilter(_pfor_failure_is_quiet)
+  try:
+    yield
+  finally:
+    logger.removeFilter(_pfor_failure_is_quiet)
+
+
 def map_examples(fn, elems, vectorize=True):
   """``tf.stack([fn(e) for e in unstack(elems)])`` with each example computed alone.
 
   Uses ``tf.vectorized_map``; when ``pfor`` cannot vectorise ``fn`` (it raises while tracing,
-  as for masked recurrent layers) or ``vectorize`` is False (see :func:`pfor_is_safe`), uses
+  as for masked recurrent layers, or an ``AttributeError`` from inside ``pfor`` for a
+  ``tf.cond`` on a value of the example) or ``vectorize`` is False (see :func:`pfor_is_safe`), uses
   ``tf.map_fn``, whose output signature is read from ``fn`` applied to the first example.
 
   Args:
@@ -221,9 +246,11 @@ def map_examples(fn, elems, vectorize=True):
   """
   if vectorize:
     try:
-      return tf.vectorized_map(fn, elems)
-    except (TypeError, ValueError, NotImplementedError, tf.errors.OpError, LookupError):
-      pass
+      with _quiet_pfor_failures():
+        return tf.vectorized_map(fn, elems)
+    except (TypeError, ValueError, NotImplementedError, tf.errors.OpError, LookupError,
+            AttributeError):
+      pass  # an error of ``fn`` itself is raised again by ``fn(first)`` below
   first = tf.nest.map_structure(lambda t: t[0], elems)
   signature = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), fn(first))
   return tf.map_fn(fn, elems, fn_output_signature=signature)
