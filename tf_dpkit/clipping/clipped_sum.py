@@ -172,21 +172,36 @@ def finite_microbatches(per_microbatch_grads, losses=None):
 def zero_rows(tensor, keep):
   """``tensor`` [M*k, ...] with the rows of the groups where ``keep`` [M] is False set to 0
   (``tf.where``, so a NaN or inf there does not reach the result)."""
-  if tensor is None:
-    return None
-  tensor = tf.convert_to_tensor(tensor)  # e.g. an IndexedSlices output gradient, made dense
-  rows = tf.shape(tensor)[0]
-  # max(M, 1): an empty batch (M = 0) must fail at the clear empty-batch assertion, which a
-  # graph may run after this op, not with an integer division by zero here.
+  return zero_rows_all([tensor], keep)[0]
+
+
+def zero_rows_all(tensors, keep):
+  """:func:`zero_rows` of each tensor of the list ``tensors`` (``None`` stays ``None``) with
+  one ``keep`` [M]: when every group is kept (the usual case) the tensors pass as they are,
+  under one ``tf.cond`` for the whole list rather than one per tensor."""
+  # IndexedSlices (e.g. an output gradient) are made dense, as tf.where would.
+  present = [i for i, t in enumerate(tensors) if t is not None]
+  dense = [tf.convert_to_tensor(tensors[i]) for i in present]
+  if not dense:
+    return list(tensors)
 
   def select():
-    repeated = tf.repeat(keep, rows // tf.maximum(tf.shape(keep)[0], 1))
-    repeated = tf.reshape(repeated,
-                          tf.concat([[rows], tf.ones([tf.rank(tensor) - 1], tf.int32)], 0))
-    return tf.where(repeated, tensor, tf.zeros_like(tensor))
+    chosen = []
+    for tensor in dense:
+      rows = tf.shape(tensor)[0]
+      # max(M, 1): an empty batch (M = 0) must fail at the clear empty-batch assertion, which
+      # a graph may run after this op, not with an integer division by zero here.
+      repeated = tf.repeat(keep, rows // tf.maximum(tf.shape(keep)[0], 1))
+      repeated = tf.reshape(repeated,
+                            tf.concat([[rows], tf.ones([tf.rank(tensor) - 1], tf.int32)], 0))
+      chosen.append(tf.where(repeated, tensor, tf.zeros_like(tensor)))
+    return chosen
 
-  # Every group kept (the usual case): the tensor as it is, without a select over it.
-  return tf.cond(tf.reduce_all(keep), lambda: tf.identity(tensor), select)
+  out = tf.cond(tf.reduce_all(keep), lambda: [tf.identity(t) for t in dense], select)
+  result = list(tensors)
+  for i, t in zip(present, tf.nest.flatten(out)):
+    result[i] = t
+  return result
 
 
 def unscaled_finite_float32(per_microbatch_grads, loss_scale=None, losses=None, keep=None):
@@ -211,7 +226,7 @@ def unscaled_finite_float32(per_microbatch_grads, loss_scale=None, losses=None, 
     return grads
   if keep is None:
     keep = finite_microbatches(grads, losses)
-  return [zero_rows(g, keep) for g in grads]
+  return zero_rows_all(grads, keep)
 
 
 @_autograph.graph_code

@@ -15,7 +15,7 @@ from tf_dpkit import _autograph
 from tf_dpkit.clipping import _keras_internals as internals
 from tf_dpkit.clipping import independence, pooling
 from tf_dpkit.clipping.clipped_sum import (at_least_float32, clip_factors, finite_entries,
-                                           finite_rows, issue_clipped_sum, zero_rows)
+                                           finite_rows, issue_clipped_sum, zero_rows_all)
 from tf_dpkit.clipping.contract import (isolated_per_example_losses, map_examples,
                                         per_example_weights, pfor_is_safe)
 from tf_dpkit.clipping.per_example import (assert_nonempty, check_grouping,
@@ -370,7 +370,8 @@ def _finite_microbatch_norms(records, output_grads, finite_examples, per_example
       finite_rows(flat_grads, groups),
       tf.reduce_all(tf.reshape(tf.stack(examples_ok), tf.stack([len(examples_ok), groups, -1])),
                     axis=[0, 2]))
-  output_grads = tf.nest.map_structure(lambda g: zero_rows(g, finite), output_grads)
+  flat = tf.nest.flatten(output_grads)
+  output_grads = tf.nest.pack_sequence_as(output_grads, zero_rows_all(flat, finite))
   squared_by_record = [tf.cast(trace.squared_norms(g, groups), tf.float32) / (scale * scale)
                        for (_, trace), g in zip(records, output_grads)]
   finite = tf.logical_and(finite, tf.math.is_finite(tf.add_n(squared_by_record)))
