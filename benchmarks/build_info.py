@@ -80,7 +80,17 @@ def header() -> str:
 
 
 def peak_rss_mb() -> float:
-  """This process's resident-set high-water mark (MB)."""
+  """This process's resident-set high-water mark (MB): ``VmHWM`` of ``/proc/self/status``
+  where there is one (Linux).  Not ``getrusage``'s ``ru_maxrss``: Linux keeps that across
+  ``execve``, so a child started by a process that had already used more memory reports the
+  parent's peak, not its own."""
+  try:
+    with open("/proc/self/status") as status:
+      for line in status:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) / 1024
+  except OSError:
+    pass
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
