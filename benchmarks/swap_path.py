@@ -25,13 +25,23 @@ each step (tracing it, building the optimizer, one step), each method in a new P
 (autograph and TensorFlow cache per process), processes interleaved rep by rep::
 
     python benchmarks/swap_path.py --first_step --models=mlp,mnist_cnn --batch_sizes=256 --reps=3
+
+``--op_profile`` shows where a step's time goes instead: TensorFlow's profiler over ``--reps``
+steps of ``non_private`` and ``swap`` (after the warm-up), operation time per step summed over
+the executor's threads and grouped by operation type, the types ranked by what the swap adds::
+
+    python benchmarks/swap_path.py --op_profile --models=transformer --batch_sizes=256 --reps=6
 """
 from __future__ import annotations
 
+import collections
+import glob
 import json
 import os
 import subprocess
+import shutil
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -52,6 +62,8 @@ flags.DEFINE_integer("reps", 8, "Timed steps per method (interleaved).")
 flags.DEFINE_string("out", None, "Markdown file to write the table to (default: print only).")
 flags.DEFINE_integer("warmup", 3, "Untimed steps per method after tracing.")
 flags.DEFINE_bool("first_step", False, "Time each method's first call (a new process each).")
+flags.DEFINE_bool("op_profile", False, "Profile operation time by type (non_private, swap).")
+flags.DEFINE_integer("top", 25, "--op_profile: operation types listed.")
 flags.DEFINE_string("child", None, "Internal (--first_step): the method this process times.")
 FLAGS = flags.FLAGS
 
@@ -142,11 +154,68 @@ def _first_steps():
                     "optimizer build + one step; ratios of medians.", lines, FLAGS.out)
 
 
+def _op_times(step, x, y, reps):
+  """{operation type: ms per step} from TensorFlow's profiler over ``reps`` calls of ``step``
+  (the executor threads' operation events; an event named ``name:Type`` counts for ``Type``)."""
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
+  logdir = tempfile.mkdtemp(prefix="swap_path_profile_")
+  try:
+    tf.profiler.experimental.start(logdir)
+    for _ in range(reps):
+      step(x, y)
+    tf.profiler.experimental.stop()
+    space = xplane_pb2.XSpace()
+    with open(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)[0], "rb") as f:
+      space.ParseFromString(f.read())
+  finally:
+    shutil.rmtree(logdir, ignore_errors=True)
+  totals = collections.Counter()
+  for plane in space.planes:
+    names = {key: meta.name for key, meta in plane.event_metadata.items()}
+    for line in plane.lines:
+      if not line.name.startswith("tf_Compute"):
+        continue
+      for event in line.events:
+        name = names.get(event.metadata_id, "")
+        if ":" in name and "::" not in name:  # an operation, not an executor event
+          totals[name.rsplit(":", 1)[-1]] += event.duration_ps / 1e9 / reps
+  return totals
+
+
+def _op_profile():
+  lines = ["| model | batch | operation type | non_private ms/step | swap ms/step | added ms |",
+           "|" + "---|" * 6]
+  for name in FLAGS.models:
+    for batch in (int(b) for b in FLAGS.batch_sizes):
+      x, y = bench_models.batch_for(name, batch)
+      x, y = tf.constant(x), tf.constant(y)
+      steps = _steps(name)
+      steps = {m: steps[m] for m in ("non_private", "swap")}
+      for step in steps.values():
+        for _ in range(1 + FLAGS.warmup):
+          step(x, y)
+      ops = {m: _op_times(step, x, y, FLAGS.reps) for m, step in steps.items()}
+      a, b = ops["non_private"], ops["swap"]
+      lines.append(f"| {name} | {batch} | all | {sum(a.values()):.2f} | {sum(b.values()):.2f} | "
+                   f"{sum(b.values()) - sum(a.values()):.2f} |")
+      ranked = sorted(set(a) | set(b), key=lambda k: -abs(b[k] - a[k]))
+      for kind in ranked[:FLAGS.top]:
+        lines.append(f"| {name} | {batch} | {kind} | {a[kind]:.2f} | {b[kind]:.2f} | "
+                     f"{b[kind] - a[kind]:.2f} |")
+      print("\n".join(lines[-FLAGS.top - 1:]), flush=True)
+  build_info.report(f"TensorFlow profiler over {FLAGS.reps} steps per method after "
+                    f"{FLAGS.warmup} warm-up steps; operation time per step summed over the "
+                    "executor's threads (so more than wall time on several cores), by type, "
+                    "ranked by the swap's difference.", lines, FLAGS.out)
+
+
 def main(_):
   if FLAGS.child:
     return _child(FLAGS.child)
   if FLAGS.first_step:
     return _first_steps()
+  if FLAGS.op_profile:
+    return _op_profile()
   lines = ["| model | batch | non_private ms (median / best) | swap ms | private_gradients ms "
            "| swap / non_private | private_gradients / non_private |", "|" + "---|" * 7]
   for name in FLAGS.models:
