@@ -10,7 +10,9 @@ semi-supervised student.
    ``--seed``) are sent to the aggregator, which answers with noisy teacher votes and records
    each outcome in an ``analysis.pate.PateAccountant``.  The last 1,000 test images evaluate.
 3. The student trains on the released labels, and with ``--student=fixmatch`` also on all 9,000
-   public images without labels (post-processing: no privacy cost).
+   public images without labels (post-processing: no privacy cost).  ``--validation_size=N``
+   holds the last N of them out (never queried or trained on) and scores each student on them,
+   for choosing settings without the evaluation images.
 
 Defaults are PATE 2018's MNIST setting (Papernot et al., "Scalable Private Learning with
 PATE"): Confident GNMax with threshold 200, sigma1 150, sigma2 40, 640 queries, delta 1e-5.
@@ -74,6 +76,9 @@ flags.DEFINE_string("output_dir", None, "Where results.json, student.keras and p
 flags.DEFINE_integer("train_size", None, "Use only the first N private images (tests).")
 flags.DEFINE_integer("public_size", 9000, "Public images: the first N test images.")
 flags.DEFINE_integer("eval_size", 1000, "Evaluation images: the last N test images.")
+flags.DEFINE_integer("validation_size", 0,
+                     "Hold out the last N public images for choosing settings: never queried, "
+                     "not in the student's unlabelled pool, only scored (validation_accuracy).")
 flags.DEFINE_integer("chunk", 32, "Queries per aggregator call (epsilon curve resolution).")
 flags.mark_flag_as_required("output_dir")
 
@@ -85,10 +90,15 @@ def _load():
           FLAGS.public_size + FLAGS.eval_size <= len(x_test)):
     raise flags.ValidationError("--public_size and --eval_size must be >= 1 with a sum of at "
                                 "most 10000.")
+  if not 0 <= FLAGS.validation_size < FLAGS.public_size:
+    raise flags.ValidationError(f"--validation_size must be in [0, {FLAGS.public_size - 1}] "
+                                "(fewer than --public_size).")
   private = (x_train[:FLAGS.train_size], y_train[:FLAGS.train_size].astype(np.int64))
-  public = (x_test[:FLAGS.public_size], y_test[:FLAGS.public_size].astype(np.int64))
+  cut = FLAGS.public_size - FLAGS.validation_size
+  public = (x_test[:cut], y_test[:cut].astype(np.int64))
+  validation = (x_test[cut:FLAGS.public_size], y_test[cut:FLAGS.public_size].astype(np.int64))
   evaluation = (x_test[-FLAGS.eval_size:], y_test[-FLAGS.eval_size:].astype(np.int64))
-  return private, public, evaluation
+  return private, public, validation, evaluation
 
 
 def _make(name, votes, accountant, noise_seed):
@@ -163,7 +173,7 @@ def main(argv):
   start = time.time()
   out = FLAGS.output_dir
   os.makedirs(out, exist_ok=True)
-  (x_priv, y_priv), public, evaluation = _load()
+  (x_priv, y_priv), public, validation, evaluation = _load()
   if not 1 <= FLAGS.queries <= len(public[0]):
     raise flags.ValidationError(f"--queries must be in [1, {len(public[0])}].")
 
@@ -237,14 +247,17 @@ def main(argv):
     prefix = np.where(np.arange(FLAGS.queries) < k, labels, -1)
     model = _train_student(prefix, query_idx, public)
     acc = student.accuracy(model, *evaluation) if model is not None else 0.0
+    val_acc = (student.accuracy(model, *validation)
+               if model is not None and len(validation[0]) else None)
     at = next(c for c in curve if c["queries"] >= k)
     accuracy_points.append({"queries": k, "labels": int(np.sum(prefix >= 0)),
-                            "student_accuracy": acc,
+                            "student_accuracy": acc, "validation_accuracy": val_acc,
                             "epsilon_data_dependent": at["epsilon_data_dependent"],
                             "epsilon_data_independent": at["epsilon_data_independent"],
                             "epsilon_at_queries": at["queries"]})
     print(f"student: queries={k} labels={accuracy_points[-1]['labels']} "
-          f"test_accuracy={acc:.4f}", flush=True)
+          f"test_accuracy={acc:.4f}"
+          + ("" if val_acc is None else f" validation_accuracy={val_acc:.4f}"), flush=True)
     final_model = model
   if final_model is not None:
     final_model.save(os.path.join(out, "student.keras"))
@@ -268,6 +281,7 @@ def main(argv):
       "noise_seed": FLAGS.noise_seed, "num_teachers": FLAGS.num_teachers,
       "private_examples": int(len(x_priv)), "public_examples": int(len(public[0])),
       "eval_examples": int(len(evaluation[0])),
+      "validation_examples": int(len(validation[0])),
       "teacher_accuracy_mean": float(teacher_acc.mean()),
       "teacher_accuracy_min": float(teacher_acc.min()),
       "teacher_accuracy_max": float(teacher_acc.max()),
@@ -277,6 +291,8 @@ def main(argv):
       "student": FLAGS.student, "student_steps": FLAGS.student_steps,
       "student_accuracy_supervised_only": supervised_acc,
       "student_accuracy": accuracy_points[-1]["student_accuracy"] if accuracy_points else 0.0,
+      "validation_accuracy": (accuracy_points[-1]["validation_accuracy"] if accuracy_points
+                              else None),
       "epsilon_data_dependent": accountant.private_data_dependent_epsilon(FLAGS.delta),
       "epsilon_data_independent": accountant.data_independent_epsilon(FLAGS.delta),
       "epsilon_smooth_sensitivity": ss.epsilon,

@@ -44,8 +44,17 @@ def _independent_epsilon(results, sigma1, sigma2):
     pytest.param("confident_gnmax", marks=pytest.mark.slow),
     pytest.param("interactive_gnmax", marks=pytest.mark.slow)])
 def test_small_run_writes_results_model_and_plots(tmp_path, aggregator):
-  results, out = _run(tmp_path, f"--aggregator={aggregator}", "--noise_seed=1", *SMALL)
+  held_out = 100 if aggregator == "confident_gnmax" else 0  # --validation_size on one of them
+  results, out = _run(tmp_path, f"--aggregator={aggregator}", "--noise_seed=1",
+                      f"--validation_size={held_out}", *SMALL)
   assert KEYS <= set(results)
+  assert results["public_examples"] == 600 - held_out
+  assert results["validation_examples"] == held_out
+  if held_out:
+    assert results["validation_accuracy"] > 0.2  # chance: 0.1
+    assert all(p["validation_accuracy"] is not None for p in results["accuracy_points"])
+  else:
+    assert results["validation_accuracy"] is None
   assert results["queries"] == 64 and 0 < results["answered"] <= 64
   assert results["answered_label_accuracy"] > 0.5
   assert results["student_accuracy"] > 0.2  # chance: 0.1
@@ -83,3 +92,13 @@ def test_full_tutorial_reaches_the_target(tmp_path):
   assert results["teacher_accuracy_mean"] >= 0.83
   assert results["epsilon_data_independent"] == pytest.approx(
       _independent_epsilon(results, 150.0, 40.0), rel=1e-9)
+
+
+@pytest.mark.parametrize("size", ["-1", "600"])
+def test_validation_size_outside_its_range_is_refused_naming_the_flag(tmp_path, size):
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+  result = subprocess.run([sys.executable, SCRIPT, f"--output_dir={tmp_path}",
+                           f"--validation_size={size}", *SMALL], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env=env)
+  assert result.returncode != 0
+  assert "--validation_size must be in [0, 599]" in result.stderr
