@@ -154,7 +154,7 @@ def finite_entries(tensor):
     return tf.where(finite, tensor, tf.zeros_like(tensor)), rows
 
   return tf.cond(_all_finite_hint(tensor),
-                 lambda: (tf.identity(tensor), tf.ones(tf.reshape(batch, [1]), tf.bool)), exact)
+                 lambda: (tf.identity(tensor), tf.ones([batch], tf.bool)), exact)
 
 
 def finite_microbatches(per_microbatch_grads, losses=None):
