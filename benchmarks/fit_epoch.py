@@ -4,6 +4,7 @@
     TF_ENABLE_ONEDNN_OPTS=1 python benchmarks/fit_epoch.py
     TF_DPKIT_NATIVE=0 python benchmarks/fit_epoch.py       # tf_dpkit's compiled kernels off
     python benchmarks/fit_epoch.py --rss                   # + peak RSS, one subprocess per fit
+    python benchmarks/fit_epoch.py --rss --rss_runs=5      # median peak RSS of 5 processes
 
 For each model (``benchmarks/models.py``) and batch size, two models with the same weights train
 on the same ``--examples`` random examples (in-memory arrays, fixed batches, no shuffling):
@@ -23,7 +24,9 @@ DP, non-private, ...), ``--reps`` of each; the table gives the best and median s
 and the ratio of the bests (the least disturbed epochs; other processes share the cores).
 Memory: the TensorFlow CPU allocator's peak over one epoch where the build keeps allocator
 statistics (oneDNN on), and with ``--rss`` the peak RSS of a fresh process that runs only that
-fit (three epochs).  The header states the build (``build_info``).
+fit (``--rss_epochs`` epochs; the median over ``--rss_runs`` such processes: a single
+process's peak RSS varies by tens of MB from run to run, with the allocator's fragmentation).
+The header states the build (``build_info``).
 """
 from __future__ import annotations
 
@@ -50,6 +53,10 @@ flags.DEFINE_list("batch_sizes", ["256", "1024"], "Batch sizes.")
 flags.DEFINE_integer("examples", 4096, "Examples per epoch.")
 flags.DEFINE_integer("reps", 3, "Timed epochs per configuration (interleaved).")
 flags.DEFINE_boolean("rss", False, "Also measure each fit's peak RSS in a fresh process.")
+flags.DEFINE_integer("rss_runs", 1, "With --rss: fresh processes per fit (alternating "
+                     "non-private and DP); the table gives the median.", lower_bound=1)
+flags.DEFINE_integer("rss_epochs", 3, "With --rss: epochs each fresh process runs.",
+                     lower_bound=1)
 flags.DEFINE_string("single", None, "Internal: model:batch:method to run alone for RSS.")
 flags.DEFINE_boolean("one_process", False,
                      "Time every model in this process (default: one fresh process per model).")
@@ -104,7 +111,7 @@ def allocator_peak_mb(fit):
 def run_single(spec):
   name, batch, method = spec.split(":")
   fit = make_fit(name, int(batch), method)
-  for _ in range(3):
+  for _ in range(FLAGS.rss_epochs):
     fit()
   print(json.dumps({"rss_peak_mb": build_info.peak_rss_mb()}))
 
@@ -124,14 +131,15 @@ def main(_):
         out = subprocess.run(
             [sys.executable, __file__, f"--models={name}", "--one_process",
              f"--batch_sizes={batch}", f"--examples={FLAGS.examples}",
-             f"--reps={FLAGS.reps}"] + (["--rss"] if FLAGS.rss else []),
+             f"--reps={FLAGS.reps}"] + ([f"--rss", f"--rss_runs={FLAGS.rss_runs}",
+                                         f"--rss_epochs={FLAGS.rss_epochs}"] if FLAGS.rss else []),
             capture_output=True, text=True, check=True).stdout
         row = next(l for l in out.splitlines() if l.startswith(f"| {name} | {batch} |"))
         lines.append(row)
         print(row, flush=True)
     build_info.report(f"{FLAGS.examples} examples per epoch, {FLAGS.reps} timed epochs per "
-                      "configuration, interleaved; each (model, batch) in its own process.",
-                      lines, FLAGS.out)
+                      "configuration, interleaved; each (model, batch) in its own process."
+                      + _rss_text(), lines, FLAGS.out)
     return
   for name in FLAGS.models:
     for batch in (int(b) for b in FLAGS.batch_sizes):
@@ -144,12 +152,18 @@ def main(_):
           times[m].append(fit())
       peaks = {m: allocator_peak_mb(fit) for m, fit in fits.items()}
       rss = {m: None for m in fits}
+      spread = {m: "" for m in fits}
       if FLAGS.rss:
-        for m in fits:
-          out = subprocess.run([sys.executable, __file__, f"--single={name}:{batch}:{m}",
-                                f"--examples={FLAGS.examples}"], capture_output=True, text=True,
-                               check=True).stdout
-          rss[m] = json.loads(out.strip().splitlines()[-1])["rss_peak_mb"]
+        runs = {m: [] for m in fits}
+        for _ in range(FLAGS.rss_runs):
+          for m in fits:
+            out = subprocess.run([sys.executable, __file__, f"--single={name}:{batch}:{m}",
+                                  f"--examples={FLAGS.examples}",
+                                  f"--rss_epochs={FLAGS.rss_epochs}"],
+                                 capture_output=True, text=True, check=True).stdout
+            runs[m].append(json.loads(out.strip().splitlines()[-1])["rss_peak_mb"])
+        rss = {m: float(np.median(v)) for m, v in runs.items()}
+        spread = {m: f" [{min(v):.0f}-{max(v):.0f}]" if len(v) > 1 else "" for m, v in runs.items()}
       fmt = lambda v: "n/a" if v is None else f"{v:.0f}"
       ratio = lambda a, b: "n/a" if a is None or b is None else f"{a / b:.2f}"
       best = {m: min(t) for m, t in times.items()}
@@ -157,12 +171,20 @@ def main(_):
               f"{np.median(times['non_private']):.2f} | {best['dp']:.2f} / "
               f"{np.median(times['dp']):.2f} | {best['dp'] / best['non_private']:.2f}x | "
               f"{fmt(peaks['non_private'])} / {fmt(peaks['dp'])} | "
-              f"{ratio(peaks['dp'], peaks['non_private'])} | {fmt(rss['non_private'])} / "
-              f"{fmt(rss['dp'])} | {ratio(rss['dp'], rss['non_private'])} |")
+              f"{ratio(peaks['dp'], peaks['non_private'])} | {fmt(rss['non_private'])}"
+              f"{spread['non_private']} / {fmt(rss['dp'])}{spread['dp']} | "
+              f"{ratio(rss['dp'], rss['non_private'])} |")
       lines.append(line)
       print(line, flush=True)
   build_info.report(f"{FLAGS.examples} examples per epoch, {FLAGS.reps} timed epochs per "
-                    "configuration, interleaved.", lines, FLAGS.out)
+                    "configuration, interleaved." + _rss_text(), lines, FLAGS.out)
+
+
+def _rss_text():
+  if not FLAGS.rss:
+    return ""
+  return (f" RSS: peak of a fresh process running {FLAGS.rss_epochs} epochs of that fit, "
+          f"median of {FLAGS.rss_runs} such process(es) [least-most].")
 
 
 if __name__ == "__main__":

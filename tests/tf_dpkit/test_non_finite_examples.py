@@ -404,16 +404,39 @@ def test_zero_rows_zeroes_exactly_the_dropped_groups_and_passes_the_rest_unchang
   np.testing.assert_array_equal(traced, want)
 
 
-@pytest.mark.parametrize("case", ["finite", "one_inf", "sum_overflows"])
-def test_gradient_through_finite_entries_is_one_on_finite_entries_and_zero_elsewhere(case):
+@pytest.mark.parametrize("case", sorted(_CASES))
+@pytest.mark.parametrize("traced", [False, True])
+def test_gradient_through_finite_entries_is_the_upstream_gradient_on_both_branches(case, traced):
+  # Straight-through: the exact gradient on finite rows; the rows with an inf/NaN entry are
+  # left out by the fast path, which zeroes their output gradients before reading them.
   from tf_dpkit.clipping.clipped_sum import finite_entries
   x = tf.constant(_CASES[case])
+  upstream = tf.constant(np.arange(1.0, 25.0, dtype=np.float32).reshape(4, 3, 2))
 
-  @tf.function
   def grad(t):
     with tf.GradientTape() as tape:
       tape.watch(t)
-      cleaned, _ = finite_entries(t)
-      total = tf.reduce_sum(cleaned * 0.5)
-    return tape.gradient(total, t)
-  np.testing.assert_array_equal(grad(x).numpy(), np.where(np.isfinite(_CASES[case]), 0.5, 0.0))
+      cleaned, rows = finite_entries(t)
+      total = tf.reduce_sum(cleaned * upstream)
+    return tape.gradient(total, t), rows
+  got, rows = (tf.function(grad) if traced else grad)(x)
+  np.testing.assert_array_equal(got.numpy(), upstream.numpy())
+  np.testing.assert_array_equal(rows.numpy(), _reference_entries(_CASES[case])[1])
+
+
+def test_rule_inputs_are_read_once_per_tensor_and_dtype():
+  # Self-attention's query, key and value projections share one input: one guard, one flag.
+  from tf_dpkit.clipping.fast_path import _FiniteInputs
+  reader = _FiniteInputs()
+  x = tf.constant(_CASES["nan"])
+  first, again = reader.read(x, tf.float32), reader.read(x, tf.float32)
+  assert first is again and len(reader) == 1
+  want_x, want_rows = _reference_entries(_CASES["nan"])
+  np.testing.assert_array_equal(first.numpy(), want_x)
+  np.testing.assert_array_equal(reader[0].numpy(), want_rows)
+  half = reader.read(x, tf.float16)  # a cast is a different input
+  assert half.dtype == tf.float16 and len(reader) == 2
+  np.testing.assert_array_equal(half.numpy(), want_x.astype(np.float16))
+  other = reader.read(tf.constant(_CASES["one_inf"]), tf.float32)
+  assert len(reader) == 3
+  np.testing.assert_array_equal(other.numpy(), _reference_entries(_CASES["one_inf"])[0])

@@ -145,16 +145,28 @@ def finite_entries(tensor):
   norm and clipped sum is exactly 0.  ``tf.where``, not a product: ``0 * inf`` would be NaN.
   Both are exact; when every entry is finite (the sum of the entries is, see
   ``_all_finite_hint``) the tensor passes through unchanged without the select.
+
+  Gradient: the upstream gradient, unchanged (straight-through).  That is the exact gradient
+  on every row whose entries are all finite; a row with an inf/NaN entry belongs to an example
+  the fast path leaves out (above), and its rows of every output gradient are zeroed before
+  any norm or sum, so what flows back through it is never read.  Differentiating the
+  ``tf.cond`` itself would cost memory for nothing (docs/design/clipping_fast_path.md).
   """
   batch = tf.shape(tensor)[0]
 
-  def exact():
-    finite = tf.math.is_finite(tensor)
+  def exact(t):
+    finite = tf.math.is_finite(t)
     rows = tf.reduce_all(tf.reshape(finite, tf.stack([batch, -1])), axis=1)
-    return tf.where(finite, tensor, tf.zeros_like(tensor)), rows
+    return tf.where(finite, t, tf.zeros([], t.dtype)), rows
 
-  return tf.cond(_all_finite_hint(tensor),
-                 lambda: (tf.identity(tensor), tf.ones([batch], tf.bool)), exact)
+  @tf.custom_gradient
+  def guarded(t):
+    cleaned, rows = tf.cond(_all_finite_hint(t),
+                            lambda: (tf.identity(t), tf.ones([batch], tf.bool)),
+                            lambda: exact(t))
+    return (cleaned, rows), lambda upstream, _rows_upstream=None: upstream
+
+  return guarded(tensor)
 
 
 def finite_microbatches(per_microbatch_grads, losses=None):
@@ -194,7 +206,7 @@ def zero_rows_all(tensors, keep):
       repeated = tf.repeat(keep, rows // tf.maximum(tf.shape(keep)[0], 1))
       repeated = tf.reshape(repeated,
                             tf.concat([[rows], tf.ones([tf.rank(tensor) - 1], tf.int32)], 0))
-      chosen.append(tf.where(repeated, tensor, tf.zeros_like(tensor)))
+      chosen.append(tf.where(repeated, tensor, tf.zeros([], tensor.dtype)))
     return chosen
 
   out = tf.cond(tf.reduce_all(keep), lambda: [tf.identity(t) for t in dense], select)

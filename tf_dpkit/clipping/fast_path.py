@@ -101,23 +101,40 @@ def check_fast_path_examples_independent(model):
         "computes each example's gradient from that example alone.")
 
 
+class _FiniteInputs(list):
+  """The [B] flags of the examples whose rows of the rules' float inputs were finite (a list,
+  one entry per distinct input), and those inputs as the rules read them: each distinct tensor
+  goes through ``clipped_sum.finite_entries`` once per step, however many layers read it (the
+  query, key and value projections of self-attention share one input)."""
+
+  def __init__(self):
+    super().__init__()
+    self._read = {}
+
+  def read(self, tensor, dtype):
+    """``tensor`` cast to ``dtype`` with its inf/NaN entries read as 0; flags appended."""
+    key = (id(tensor), dtype)
+    if key not in self._read:
+      # Cast as Keras's Layer.__call__ would (e.g. a float32 output layer after float16 layers).
+      cleaned, finite = finite_entries(tf.cast(tensor, dtype) if tensor.dtype != dtype else tensor)
+      self.append(finite)
+      self._read[key] = (tensor, cleaned)  # the tensor is kept so that its id stays unique
+    return self._read[key][1]
+
+
 def _run_rule(rule, layer, inputs, finite_examples):
   """``rule(layer, inputs)`` in the variables' dtype; outputs in the layer's compute dtype.
 
-  Float inputs reach the rule through ``clipped_sum.finite_entries``: inf/NaN entries are read
-  as 0 (a float16 overflow or an inf/NaN feature of one example would otherwise make the
-  norms and clipped sums of the whole batch NaN, ``0 * inf``), and the [B] flags of the
-  examples whose row was finite are appended to ``finite_examples``: the other examples are
+  Float inputs reach the rule through ``finite_examples.read`` (``clipped_sum.finite_entries``):
+  inf/NaN entries are read as 0 (a float16 overflow or an inf/NaN feature of one example would
+  otherwise make the norms and clipped sums of the whole batch NaN, ``0 * inf``), and the [B]
+  flags of the examples whose row was finite join ``finite_examples``: the other examples are
   left out of the clipped sum (module docstring).
   """
   mixed = layer.compute_dtype != layer.variable_dtype
   if inputs.dtype.is_floating:
     mask = internals.keras_mask(inputs)
-    if mixed or inputs.dtype != layer.compute_dtype:
-      # Cast as Keras's Layer.__call__ would (e.g. a float32 output layer after float16 layers).
-      inputs = tf.cast(inputs, layer.variable_dtype)
-    inputs, finite = finite_entries(inputs)
-    finite_examples.append(finite)
+    inputs = finite_examples.read(inputs, tf.as_dtype(layer.variable_dtype))
     if mask is not None:
       internals.set_keras_mask(inputs, mask)
   if not mixed:
@@ -304,7 +321,7 @@ def forward_with_rules(model, graph, x, batch):
   ``dL/d trace.watched`` into the clipped sum.
   """
   records = []
-  finite_examples = []  # [B] flags: the example's row of a rule's input had no inf/NaN
+  finite_examples = _FiniteInputs()  # [B] flags: the example's rows of rule inputs are finite
   variables_before = {id(v) for v in model.trainable_variables}
 
   def operation_fn(layer):
