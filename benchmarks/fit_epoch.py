@@ -22,10 +22,11 @@ Each (model, batch) runs in a fresh process (``--one_process``: all in this one)
 are compiled and fitted once (tracing), then the epochs are timed interleaved (non-private,
 DP, non-private, ...), ``--reps`` of each; the table gives the best and median seconds per epoch
 and the ratio of the bests (the least disturbed epochs; other processes share the cores).
-Memory: the TensorFlow CPU allocator's peak over one epoch where the build keeps allocator
-statistics (oneDNN on), and with ``--rss`` the peak RSS of a fresh process that runs only that
-fit (``--rss_epochs`` epochs; the median over ``--rss_runs`` such processes: a single
-process's peak RSS varies by tens of MB from run to run, with the allocator's fragmentation).
+Memory: the TensorFlow CPU allocator's peak per epoch, median over the timed epochs (it
+varies from epoch to epoch with the order two threads run the operations in), where the build
+keeps allocator statistics (oneDNN on), and with ``--rss`` the peak RSS of a fresh process
+that runs only that fit (``--rss_epochs`` epochs; the median over ``--rss_runs`` such
+processes: one process's peak RSS varies by tens of MB from run to run).
 The header states the build (``build_info``).
 """
 from __future__ import annotations
@@ -99,13 +100,15 @@ class _StepsTimer(keras.callbacks.Callback):
     self.end = time.perf_counter()
 
 
-def allocator_peak_mb(fit):
+def timed_with_peak(fit):
+  """``(seconds, allocator peak MB)`` of one epoch; the peak is None where the build keeps no
+  CPU allocator statistics (oneDNN off)."""
   try:
     tf.config.experimental.reset_memory_stats("CPU:0")
   except ValueError:
-    return None  # no CPU allocator statistics in this build (oneDNN off)
-  fit()
-  return tf.config.experimental.get_memory_info("CPU:0")["peak"] / 2**20
+    return fit(), None
+  seconds = fit()
+  return seconds, tf.config.experimental.get_memory_info("CPU:0")["peak"] / 2**20
 
 
 def run_single(spec):
@@ -138,7 +141,8 @@ def main(_):
         lines.append(row)
         print(row, flush=True)
     build_info.report(f"{FLAGS.examples} examples per epoch, {FLAGS.reps} timed epochs per "
-                      "configuration, interleaved; each (model, batch) in its own process."
+                      "configuration, interleaved; each (model, batch) in its own process. "
+                      "Allocator peak: median over the timed epochs."
                       + _rss_text(), lines, FLAGS.out)
     return
   for name in FLAGS.models:
@@ -147,10 +151,14 @@ def main(_):
       for fit in fits.values():
         fit()  # trace
       times = {m: [] for m in fits}
+      peak_runs = {m: [] for m in fits}
       for _ in range(FLAGS.reps):
         for m, fit in fits.items():
-          times[m].append(fit())
-      peaks = {m: allocator_peak_mb(fit) for m, fit in fits.items()}
+          seconds, peak = timed_with_peak(fit)
+          times[m].append(seconds)
+          if peak is not None:
+            peak_runs[m].append(peak)
+      peaks = {m: float(np.median(v)) if v else None for m, v in peak_runs.items()}
       rss = {m: None for m in fits}
       spread = {m: "" for m in fits}
       if FLAGS.rss:
@@ -177,14 +185,16 @@ def main(_):
       lines.append(line)
       print(line, flush=True)
   build_info.report(f"{FLAGS.examples} examples per epoch, {FLAGS.reps} timed epochs per "
-                    "configuration, interleaved." + _rss_text(), lines, FLAGS.out)
+                    "configuration, interleaved. Allocator peak: median over the timed epochs."
+                    + _rss_text(), lines, FLAGS.out)
 
 
 def _rss_text():
   if not FLAGS.rss:
     return ""
-  return (f" RSS: peak of a fresh process running {FLAGS.rss_epochs} epochs of that fit, "
-          f"median of {FLAGS.rss_runs} such process(es) [least-most].")
+  runs = ("one such process" if FLAGS.rss_runs == 1 else
+          f"median of {FLAGS.rss_runs} such processes [least-most]")
+  return f" RSS: peak of a fresh process running {FLAGS.rss_epochs} epochs of that fit, {runs}."
 
 
 if __name__ == "__main__":
