@@ -134,7 +134,7 @@ def main(_):
         out = subprocess.run(
             [sys.executable, __file__, f"--models={name}", "--one_process",
              f"--batch_sizes={batch}", f"--examples={FLAGS.examples}",
-             f"--reps={FLAGS.reps}"] + ([f"--rss", f"--rss_runs={FLAGS.rss_runs}",
+             f"--reps={FLAGS.reps}"] + (["--rss", f"--rss_runs={FLAGS.rss_runs}",
                                          f"--rss_epochs={FLAGS.rss_epochs}"] if FLAGS.rss else []),
             capture_output=True, text=True, check=True).stdout
         row = next(l for l in out.splitlines() if l.startswith(f"| {name} | {batch} |"))
