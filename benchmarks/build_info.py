@@ -51,17 +51,19 @@ def native_state() -> str:
   return "on (" + "; ".join(parts) + ")"
 
 
+# Environment variables that change what a benchmark measures, stated in its command line:
+# oneDNN on/off, tf_dpkit's compiled kernels on/off, and TensorFlow's BFC allocator on the CPU
+# (with oneDNN off TensorFlow keeps no allocator statistics unless it is set to true).
+_RECORDED_VARIABLES = ("TF_ENABLE_ONEDNN_OPTS", "TF_DPKIT_NATIVE", "TF_CPU_ALLOCATOR_USE_BFC")
+
+
 def build() -> dict:
   import keras  # noqa: PLC0415
   import tensorflow as tf  # noqa: PLC0415
   return {
       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-      "command": " ".join(f"{k}={os.environ[k]}" for k in ("TF_ENABLE_ONEDNN_OPTS",
-                                                           "TF_DPKIT_NATIVE")
-                          if k in os.environ) + (" " if any(
-                              k in os.environ for k in ("TF_ENABLE_ONEDNN_OPTS",
-                                                        "TF_DPKIT_NATIVE")) else "")
-                 + "python " + " ".join(sys.argv),
+      "command": "".join(f"{k}={os.environ[k]} " for k in _RECORDED_VARIABLES
+                         if k in os.environ) + "python " + " ".join(sys.argv),
       "cpu": f"{cpu_model()}, {os.cpu_count()} CPUs, AVX-512 {'yes' if has_avx512() else 'no'}",
       "versions": f"TensorFlow {tf.__version__}, Keras {keras.__version__}, "
                   f"Python {platform.python_version()}",

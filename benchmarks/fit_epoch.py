@@ -5,6 +5,8 @@
     TF_DPKIT_NATIVE=0 python benchmarks/fit_epoch.py       # tf_dpkit's compiled kernels off
     python benchmarks/fit_epoch.py --rss                   # + peak RSS, one subprocess per fit
     python benchmarks/fit_epoch.py --rss --rss_runs=5      # median peak RSS of 5 processes
+    TF_ENABLE_ONEDNN_OPTS=0 TF_CPU_ALLOCATOR_USE_BFC=true python benchmarks/fit_epoch.py
+                                                           # allocator peaks with oneDNN off
 
 For each model (``benchmarks/models.py``) and batch size, two models with the same weights train
 on the same ``--examples`` random examples (in-memory arrays, fixed batches, no shuffling):
@@ -24,7 +26,9 @@ DP, non-private, ...), ``--reps`` of each; the table gives the best and median s
 and the ratio of the bests (the least disturbed epochs; other processes share the cores).
 Memory: the TensorFlow CPU allocator's peak per epoch, median over the timed epochs (it
 varies from epoch to epoch with the order two threads run the operations in), where the build
-keeps allocator statistics (oneDNN on), and with ``--rss`` the peak RSS of a fresh process
+keeps allocator statistics (oneDNN on; with oneDNN off, only under
+``TF_CPU_ALLOCATOR_USE_BFC=true``, TensorFlow's allocator of the oneDNN build: a run for memory,
+whose times are not those of the default allocator), and with ``--rss`` the peak RSS of a fresh process
 that runs only that fit (``--rss_epochs`` epochs; the median over ``--rss_runs`` such
 processes: one process's peak RSS varies by tens of MB from run to run).
 The header states the build (``build_info``).

@@ -491,22 +491,26 @@ def test_conv_rule_takes_the_compiled_kernel_on_a_cpu_only(accelerator, monkeypa
   assert bool({"DepthwiseConv2dNativeBackpropFilter", "BatchMatMulV2"} & used) is accelerator
 
 
-@pytest.mark.parametrize("filters, strides, keeps", [(4, 1, True), (16, 1, True),
-                                                     (32, 2, False)])
+@pytest.mark.parametrize("filters, strides, kernel, padding, keeps",
+                         [(4, 1, 3, "same", True), (16, 1, 3, "same", True),
+                          (32, 2, 3, "same", False), (16, 1, 5, "valid", False)])
 @pytest.mark.parametrize("num_microbatches", [None, 4])
-def test_compiled_conv_clipped_sum_moves_at_most_c(filters, strides, keeps, num_microbatches):
-  # Conv2D 3x3 on 8x8x8: with 4 filters the per-microbatch kernel gradients (72 x 4) are kept,
-  # no larger than the input; with 16 (72 x 16 > 8x8x16) kept as the explicit form is the
-  # cheaper one (64 positions); with 32 and stride 2 (16 positions, Gram form cheaper) the
-  # clipped sum is the fast path's VJP (a filter gradient of factor-scaled output gradients).
-  # Each equals the brute force, and removing any one example moves the clipped sum by at most C
-  # (by more than C/2: clipping binds).
+def test_compiled_conv_clipped_sum_moves_at_most_c(filters, strides, kernel, padding, keeps,
+                                                   num_microbatches):
+  # Conv2D on 8x8x8 inputs.  The per-microbatch kernel gradients are kept where they are no
+  # larger than the layer's input plus output gradient per example, which the VJP would keep
+  # instead: 3x3 with 4 filters (72 x 4 <= 512 + 256) and with 16 (72 x 16 = 1152 <= 512 + 1024).
+  # Elsewhere the clipped sum is the fast path's VJP (a filter gradient of factor-scaled output
+  # gradients): 3x3 with 32 filters and stride 2 (2304 > 512 + 512), and 5x5 "valid" with 16
+  # filters (3200 > 512 + 256) although there the explicit form is the cheaper way to the
+  # norms.  Each equals the brute force, and removing any one example moves the clipped sum by
+  # at most C (by more than C/2: clipping binds).
   from tf_dpkit import native
   if native.kernels("conv") is None:
     pytest.skip(f"compiled CPU kernels unavailable here: {native.status('conv')}")
   model = keras.Sequential([keras.Input((8, 8, 8)),
-                            keras.layers.Conv2D(filters, 3, strides=strides, padding="same",
-                                                activation="tanh"),
+                            keras.layers.Conv2D(filters, kernel, strides=strides,
+                                                padding=padding, activation="tanh"),
                             keras.layers.Flatten(), keras.layers.Dense(3)])
   x = tf.constant(RNG.normal(size=(8, 8, 8, 8)).astype(np.float32))
   y = tf.constant(RNG.integers(0, 3, 8))
@@ -520,7 +524,7 @@ def test_compiled_conv_clipped_sum_moves_at_most_c(filters, strides, keeps, num_
   # Which way the rule takes (traced alone: the fast path's tape adds unused gradient ops).
   conv_layer = model.layers[0]
 
-  out = 8 // strides
+  out = 8 // strides if padding == "same" else 8 - kernel + 1
 
   @tf.function(input_signature=[tf.TensorSpec([8, 8, 8, 8]),
                                 tf.TensorSpec([8, out, out, filters]), tf.TensorSpec([8])])

@@ -42,7 +42,21 @@ GROUP_NORM_CASES = [
      lambda: _x(4, 5, 5, 4)),
     ("large_epsilon", lambda: keras.layers.GroupNormalization(groups=2, epsilon=0.5),
      lambda: _x(4, 3, 3, 4, scale=0.3)),
+    # A mean 40 standard deviations from zero: the rule's dgamma = dL/dscale / sigma, where
+    # dL/dscale = sum g x - mean sum g cancels, as in Keras's own backward pass.
+    ("offset_inputs", lambda: keras.layers.GroupNormalization(groups=2),
+     lambda: _x(4, 5, 5, 4, scale=0.5, shift=20.0)),
 ]
+
+
+def _frozen_gamma_layer():
+  layer = keras.layers.GroupNormalization(groups=2)
+  layer.build((None, 5, 5, 4))
+  layer.gamma.trainable = False
+  return layer
+
+
+GROUP_NORM_CASES.append(("frozen_gamma", _frozen_gamma_layer, lambda: _x(4, 5, 5, 4)))
 
 
 @pytest.mark.parametrize("num_microbatches", [None, 2])

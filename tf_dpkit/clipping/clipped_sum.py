@@ -148,8 +148,9 @@ def finite_entries(tensor):
 
   Gradient: the upstream gradient, unchanged (straight-through).  That is the exact gradient
   on every row whose entries are all finite; a row with an inf/NaN entry belongs to an example
-  the fast path leaves out (above), and its rows of every output gradient are zeroed before
-  any norm or sum, so what flows back through it is never read.  Differentiating the
+  the fast path leaves out (above): its clip factor is 0 and the non-finite rows of every
+  output gradient are zeroed before any norm or sum, so what flows back through it adds
+  exactly 0 to the clipped sum.  Differentiating the
   ``tf.cond`` itself would cost memory for nothing (docs/design/clipping_fast_path.md).
   """
   batch = tf.shape(tensor)[0]
@@ -179,6 +180,25 @@ def finite_microbatches(per_microbatch_grads, losses=None):
   if losses is not None:
     keep = tf.logical_and(keep, tf.math.is_finite(losses))
   return keep
+
+
+def finite_rows_zeroed(tensor, num_rows):
+  """``(tensor with the rows of its non-finite groups set to 0, [M] bool: group j was finite)``.
+
+  ``tensor`` is ``[M*k, ...]`` (rows grouped ``k`` at a time); a group with an inf/NaN entry
+  in any of its rows has all its rows replaced by exact zeros (``tf.where``).  One tensor at a
+  time, so that a caller can gate each tensor as soon as it exists and free it after its last
+  use, instead of waiting for a whole list (:func:`finite_rows`, :func:`zero_rows_all`).  When
+  the sum of the entries is finite (``_all_finite_hint``) the tensor passes through unchanged.
+  """
+  t = tf.convert_to_tensor(tensor)  # IndexedSlices: dense
+
+  def exact():
+    ok = tf.reduce_all(tf.reshape(tf.math.is_finite(t), tf.stack([num_rows, -1])), axis=1)
+    return zero_rows(t, ok), ok
+
+  return tf.cond(_all_finite_hint(t), lambda: (tf.identity(t), tf.ones([num_rows], tf.bool)),
+                 exact)
 
 
 def zero_rows(tensor, keep):

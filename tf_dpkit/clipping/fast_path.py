@@ -15,7 +15,7 @@ from tf_dpkit import _autograph
 from tf_dpkit.clipping import _keras_internals as internals
 from tf_dpkit.clipping import independence, pooling
 from tf_dpkit.clipping.clipped_sum import (at_least_float32, clip_factors, finite_entries,
-                                           finite_rows, issue_clipped_sum, zero_rows_all)
+                                           finite_rows_zeroed, issue_clipped_sum)
 from tf_dpkit.clipping.contract import (isolated_per_example_losses, map_examples,
                                         per_example_weights, pfor_is_safe)
 from tf_dpkit.clipping.per_example import (assert_nonempty, check_grouping,
@@ -370,31 +370,42 @@ def forward_with_rules(model, graph, x, batch):
 def _finite_microbatch_norms(records, output_grads, finite_examples, per_example, groups, scale):
   """Backward phase 1: which microbatches are finite, and their gradient norms.
 
-  A microbatch with an inf/NaN entry in a rule's input (read as 0 there), in its weighted loss
-  or in an output gradient (e.g. a float16 overflow of the scaled backward pass) is zeroed
-  before any norm (``tf.where``: its rows of g become exact zeros, the rules' inputs are finite,
-  so its share of every norm and clipped sum is exactly 0); squares are summed in float32 and
-  divided by ``S^2`` (norms of the unscaled gradients).
+  Each record's output gradient is gated on its own, as soon as it exists: the rows of a
+  microbatch with an inf/NaN entry there (e.g. a float16 overflow of the scaled backward pass)
+  become exact zeros (``clipped_sum.finite_rows_zeroed``), then the record's norms are formed.
+  Nothing waits for the other records, so a layer whose rule keeps its per-microbatch
+  gradients frees its output gradient (and its input) during the backward pass, as a
+  non-private backward pass would.  A microbatch is finite when its rows of every output
+  gradient, of every rule's input (``finite_examples``; read as 0 there) and its weighted loss
+  are, and its squared norm is finite; the others get squared norm 0 here and clip factor 0
+  (``_record_clip_factors``), and every rule's inputs and gated output gradients are finite, so
+  their share of every clipped sum is exactly 0.  Squares are summed in float32 and divided by
+  ``S^2`` (norms of the unscaled gradients).
 
-  Returns ``(output_grads, squared_by_record, norms, finite)``: the output gradients with the
-  non-finite microbatches' rows zeroed, per record the [M] squared norms of its layer's share,
-  the [M] norms ``sqrt(sum over records)``, and the [M] flags of the finite microbatches (a
-  microbatch whose squared norm overflows float32 is not finite either; its squares are 0).
+  Returns ``(output_grads, squared_by_record, norms, finite)``: the gated output gradients, per
+  record the [M] squared norms of its layer's share, the [M] norms ``sqrt(sum over records)``,
+  and the [M] flags of the finite microbatches (a microbatch whose squared norm overflows
+  float32 is not finite either; its squares are 0).
   """
-  flat_grads = [g for g in tf.nest.flatten(output_grads) if g is not None]
-  examples_ok = finite_examples + [tf.math.is_finite(per_example)]
-  finite = tf.logical_and(
-      finite_rows(flat_grads, groups),
-      tf.reduce_all(tf.reshape(tf.stack(examples_ok), tf.stack([len(examples_ok), groups, -1])),
-                    axis=[0, 2]))
-  flat = tf.nest.flatten(output_grads)
-  output_grads = tf.nest.pack_sequence_as(output_grads, zero_rows_all(flat, finite))
-  squared_by_record = [tf.cast(trace.squared_norms(g, groups), tf.float32) / (scale * scale)
-                       for (_, trace), g in zip(records, output_grads)]
+  flags = [tf.reduce_all(tf.reshape(tf.stack(finite_examples + [tf.math.is_finite(per_example)]),
+                                    tf.stack([len(finite_examples) + 1, groups, -1])),
+                         axis=[0, 2])]
+  gated, squared_by_record = [], []
+  for (_, trace), g in zip(records, output_grads):
+    flat = []
+    for part in tf.nest.flatten(g):
+      if part is not None:
+        part, ok = finite_rows_zeroed(part, groups)
+        flags.append(ok)
+      flat.append(part)
+    g = tf.nest.pack_sequence_as(g, flat)
+    gated.append(g)
+    squared_by_record.append(tf.cast(trace.squared_norms(g, groups), tf.float32) / (scale * scale))
+  finite = tf.reduce_all(tf.stack(flags), axis=0)
   finite = tf.logical_and(finite, tf.math.is_finite(tf.add_n(squared_by_record)))
   squared_by_record = [tf.where(finite, sq, tf.zeros_like(sq)) for sq in squared_by_record]
   norms = tf.sqrt(tf.maximum(tf.add_n(squared_by_record), 0.0))
-  return output_grads, squared_by_record, norms, finite
+  return gated, squared_by_record, norms, finite
 
 
 def _record_clip_factors(records, squared_by_record, norms, finite, l2_norm_clip):

@@ -73,7 +73,6 @@ def check_layer_rule(layer, inputs, num_microbatches=None, l2_norm_clip=None, rt
   clip = float(np.median(norms)) if l2_norm_clip is None else l2_norm_clip
   factors = clip_factors(tf.constant(norms, tf.float32), clip).numpy()
   ref_sum = [sum(factors[j] * grouped[j][v] for j in range(groups)) for v in range(len(variables))]
-  weights = np.repeat(factors, k).reshape([batch] + [1] * (g.shape.rank - 1)).astype(np.float32)
   # The clipped sum the fast path would use: the rule's own clipped_sum where it gives one,
   # else the vector-Jacobian product through ``watched``.
   candidates = {}
@@ -82,7 +81,10 @@ def check_layer_rule(layer, inputs, num_microbatches=None, l2_norm_clip=None, rt
     if reused is not None:
       candidates["book-keeping clipped_sum"] = reused
   if not candidates:
-    candidates["VJP"] = tape.gradient(trace.watched, variables, output_gradients=g * weights)
+    weighted = tf.nest.map_structure(
+        lambda t: t * np.repeat(factors, k).reshape([batch] + [1] * (t.shape.rank - 1)).astype(
+            t.dtype.as_numpy_dtype), g)
+    candidates["VJP"] = tape.gradient(trace.watched, variables, output_gradients=weighted)
   del tape
   errors = []
   for how, grads in candidates.items():

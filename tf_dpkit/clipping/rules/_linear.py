@@ -67,6 +67,21 @@ def group_examples(tensor, num_groups):
   return tf.reshape(tensor, tf.stack([num_groups, length] + rest))
 
 
+def keeping_costs_no_memory(gradient_size, input_size, output_size):
+  """Whether a layer's per-microbatch weight gradients (``gradient_size`` entries per
+  microbatch) may be kept until the clip factors are known: when they are no larger than the
+  layer's input plus its output gradient per example (``input_size + output_size`` entries),
+  which the fast path's vector-Jacobian product would keep alive instead.  Sizes unknown while
+  tracing (None) give False.  The one memory rule for kept gradients: with it the clipped sum
+  costs no more memory than the VJP, whose extra cost is one more weight-gradient pass.
+  (``LinearNorms`` keeps them only in its explicit form, chosen when ``S (d + p) >= d p``: the
+  same rule for a linear map on ``S`` positions.)
+  """
+  if gradient_size is None or input_size is None or output_size is None:
+    return False
+  return gradient_size <= input_size + output_size
+
+
 class LinearNorms:
   """Per-microbatch gradient norms of ``z_s = a_s W (+ b)`` summed over positions s.
 

@@ -7,12 +7,15 @@ per layer while tracing:
 * compiled (``tf_dpkit.native``: float32 or 16-bit work on a CPU outside XLA, static image
   size, and the explicit form costing at most ``_NATIVE_ADVANTAGE`` times the Gram form):
   ``||A_j^T G_j||^2`` and the bias part formed block by block from the padded images, no patch
-  in memory; the clipped sum ``sum_j c_j A_j^T G_j`` is a contraction of the per-microbatch
-  gradients, kept where they are no larger than the layer's input or output or the explicit
-  form is the cheaper one, else the fast path's vector-Jacobian product;
+  in memory;
 * with 1-3 input channels under oneDNN: per-example kernel gradients from the depthwise
   filter-gradient op run on chunks of examples;
 * otherwise patches unfolded, then the explicit or Gram form.
+
+Either way the clipped sum ``sum_j c_j A_j^T G_j`` is a contraction of kept per-microbatch
+gradients where keeping them costs no more memory than the fast path's vector-Jacobian
+product, which keeps the layer's input and output gradient instead
+(``_linear.keeping_costs_no_memory``), else that product.
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dpkit import distribute, native
-from tf_dpkit.clipping.rules._linear import as_sequence, group_examples, LinearNorms, static
+from tf_dpkit.clipping.rules._linear import (as_sequence, group_examples, keeping_costs_no_memory,
+                                            LinearNorms, static)
 from tf_dpkit.clipping.rules.registry import LayerTrace, register_layer_rule
 
 
@@ -211,13 +215,14 @@ def conv_rule(layer, inputs):
     if linear.explicit_is_cheaper(_NATIVE_ADVANTAGE * out_h * out_w, taps, filters):
       compiled = native.kernels_for("conv", x.device, x.dtype)
   # The per-microbatch kernel gradients are kept (the clipped sum is then one contraction
-  # instead of the fast path's VJP, a second filter gradient of the norms' cost) when they need
-  # no more memory than the layer's input or output gradient (kh kw C P <= max(H W C, OH OW P)),
-  # or when the explicit form is the cheaper one, where the TensorFlow-op way keeps them too
-  # (next to unfolded patches at least as large).
-  keep_grads = compiled is not None and (
-      taps * filters <= max(x.shape[1:].num_elements(), z.shape[1:].num_elements()) or
-      linear.explicit_is_cheaper(out_h * out_w, taps, filters))
+  # instead of the fast path's VJP, a second filter gradient of the norms' cost) only where that
+  # needs no more memory than the VJP, which keeps the layer's input and output gradient until
+  # the clip factors are known (``_linear.keeping_costs_no_memory``).
+  gradient_size = (None if channels is None or filters is None else
+                   kernel_hw[0] * kernel_hw[1] * channels * filters)
+  keep = keeping_costs_no_memory(gradient_size, x.shape[1:].num_elements(),
+                                 z.shape[1:].num_elements())
+  keep_grads = compiled is not None and keep
   # Few input channels are unfolded by an identity convolution of cost B S (kh kw C)^2; with
   # oneDNN the depthwise filter-gradient op gives the per-example gradients instead, in chunks
   # of _FILTER_BACKPROP_CHUNK examples; under a strategy only where freed memory is kept (see
@@ -252,7 +257,7 @@ def conv_rule(layer, inputs):
   def scaled_sum(factors):
     """``sum_j c_j grad_j`` from kept per-microbatch gradients, else None (the fast path's VJP)."""
     if scaled_sum.kept is None:
-      return linear.clipped_sum(factors, tf.shape(layer.kernel))
+      return linear.clipped_sum(factors, tf.shape(layer.kernel)) if keep else None
     kernel_grads, bias_grads = scaled_sum.kept
     factors = tf.cast(factors, tf.float32)
     sums = [tf.reshape(tf.tensordot(factors, kernel_grads, axes=1), tf.shape(layer.kernel))]

@@ -2,21 +2,22 @@
 
 Each example's channels are split into ``G`` groups of ``C / G`` consecutive channels; each
 group is normalised by its own mean and variance over the example's positions and the group's
-channels (``xhat = (x - mean) / sqrt(var + epsilon)``, no batch statistics), then scaled and
-shifted per channel: ``z = xhat * gamma + beta``.  The weights act on ``xhat`` only, so the
-norms and the clipped sum are those of ``layer_normalization.scale_shift_trace`` (exact,
-one pass over ``g`` and ``xhat``; no per-example gradient beyond the [M, C] sums).  The output
-itself is formed as Keras forms it (one fused scale-and-shift pass), which the backward pass
-differentiates; ``xhat`` is formed only for the norms.
+channels (no batch statistics), then scaled and shifted per channel.  The output is formed as
+Keras forms it, ``z = x * scale + shift`` with ``scale = gamma / sigma`` and ``shift = beta -
+mean * scale`` (per example, group and channel: [B, 1, G, C/G]), and the rule watches ``scale``
+and ``shift``: the backward pass the fast path runs anyway gives each example's
+``dL/dscale`` (which includes the path through ``shift``) and ``dL/dshift``, so the
+per-example gradients are ``dgamma = dL/dscale / sigma`` and ``dbeta = dL/dshift``, exactly
+what differentiating Keras's layer on that example alone gives, with no tensor the size of the
+activations beyond the backward pass's own (docs/design/clipping_fast_path.md).
 """
 from __future__ import annotations
 
 import keras
 import tensorflow as tf
 
-from tf_dpkit.clipping.rules._linear import as_sequence, static
-from tf_dpkit.clipping.rules.layer_normalization import scale_shift_trace
-from tf_dpkit.clipping.rules.registry import register_layer_rule
+from tf_dpkit.clipping.rules._linear import as_sequence, group_examples, propagate_mask, static
+from tf_dpkit.clipping.rules.registry import LayerTrace, register_layer_rule
 
 
 @register_layer_rule(keras.layers.GroupNormalization)
@@ -25,8 +26,8 @@ def group_normalization_rule(layer, inputs):
 
   The output is formed as Keras forms it (statistics in at least float32, then one fused
   ``x * (gamma / sigma) + (beta - mean gamma / sigma)`` pass), so the differentiated forward
-  pass costs what Keras's does; ``xhat`` for the scale's per-example gradients is formed only
-  when the norms are, from the same statistics.
+  pass costs what Keras's does; the per-example gradients come from the gradients at ``scale``
+  and ``shift`` (module docstring).
   """
   rank = inputs.shape.rank
   channels = static(inputs.shape[-1]) if rank is not None else None
@@ -51,8 +52,25 @@ def group_normalization_rule(layer, inputs):
     shift = shift + tf.cast(tf.reshape(beta, per_channel), compute_dtype)
   z = tf.cast(tf.reshape(grouped * scale + shift, tf.shape(inputs)), layer.compute_dtype)
   z.set_shape(inputs.shape)
+  trainable = {id(v) for v in layer.trainable_variables}
+  kept = {}
 
-  def normalized():  # xhat, outside the differentiated forward pass
-    xhat = (grouped - mean) * inverse
-    return tf.reshape(tf.stop_gradient(xhat), tf.shape(inputs))
-  return scale_shift_trace(layer, inputs, normalized, gamma, beta, z=z)
+  def squared_norms(g, num_groups):
+    g_scale, g_shift = g  # [B, 1, G, C/G] (g_scale [B, 1, G, 1] without gamma)
+    batch = tf.shape(g_shift)[0]
+    per_example = {}
+    if gamma is not None and id(gamma) in trainable:
+      per_example[id(gamma)] = g_scale * tf.cast(inverse, g_scale.dtype)  # dgamma = dscale / sigma
+    if beta is not None and id(beta) in trainable:
+      per_example[id(beta)] = g_shift
+    for key, grads in per_example.items():
+      grads = tf.reshape(grads, tf.stack([batch, channels]))
+      kept[key] = tf.reduce_sum(group_examples(grads[:, None], num_groups), axis=1)  # [M, C]
+    return tf.add_n([tf.zeros([num_groups], tf.float32)] +
+                    [tf.reduce_sum(tf.square(tf.cast(grads, tf.float32)), axis=1)
+                     for grads in kept.values()])
+
+  def clipped_sum(factors):
+    return [tf.tensordot(tf.cast(factors, kept[id(v)].dtype), kept[id(v)], axes=1)
+            for v in layer.trainable_variables]
+  return LayerTrace(propagate_mask(inputs, z), [scale, shift], squared_norms, clipped_sum)

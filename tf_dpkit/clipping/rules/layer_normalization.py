@@ -5,8 +5,9 @@ Example ``i``'s gradients are per-channel sums over its positions ``s``:
 ``dgamma_i = sum_s g_is * xhat_is`` and ``dbeta_i = sum_s g_is`` (``g = dL_i/dz``), so exact
 per-microbatch norms cost one elementwise pass over ``g`` and ``xhat``; they are kept
 ([M, C] each) and give the clipped sum by one small contraction.  :func:`scale_shift_trace`
-is the one place this is formed; ``LayerNormalization`` (here) and ``GroupNormalization``
-(``group_normalization``) differ only in how ``xhat`` is computed.
+is the one place this is formed.  (``GroupNormalization``, whose statistics are per example
+rather than per position, takes its per-example gradients from the backward pass at its
+[B, 1, G, C/G] scale and shift instead: ``group_normalization``.)
 """
 from __future__ import annotations
 
