@@ -52,9 +52,11 @@ def native_state() -> str:
 
 
 # Environment variables that change what a benchmark measures, stated in its command line:
-# oneDNN on/off, tf_dpkit's compiled kernels on/off, and TensorFlow's BFC allocator on the CPU
+# oneDNN on/off, tf_dpkit's compiled kernels on/off and how they are built (CXX, e.g.
+# benchmarks/cxx_avx2), and TensorFlow's BFC allocator on the CPU
 # (with oneDNN off TensorFlow keeps no allocator statistics unless it is set to true).
-_RECORDED_VARIABLES = ("TF_ENABLE_ONEDNN_OPTS", "TF_DPKIT_NATIVE", "TF_CPU_ALLOCATOR_USE_BFC")
+_RECORDED_VARIABLES = ("TF_ENABLE_ONEDNN_OPTS", "TF_DPKIT_NATIVE", "TF_CPU_ALLOCATOR_USE_BFC", "CXX",
+                       "TF_DPKIT_CACHE_DIR")
 
 
 def build() -> dict:

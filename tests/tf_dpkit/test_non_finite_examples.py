@@ -408,7 +408,7 @@ def test_zero_rows_zeroes_exactly_the_dropped_groups_and_passes_the_rest_unchang
 @pytest.mark.parametrize("traced", [False, True])
 def test_gradient_through_finite_entries_is_the_upstream_gradient_on_both_branches(case, traced):
   # Straight-through: the exact gradient on finite rows; the rows with an inf/NaN entry are
-  # left out by the fast path, which zeroes their output gradients before reading them.
+  # left out by the fast path (clip factor 0, non-finite rows of every output gradient zeroed).
   from tf_dpkit.clipping.clipped_sum import finite_entries
   x = tf.constant(_CASES[case])
   upstream = tf.constant(np.arange(1.0, 25.0, dtype=np.float32).reshape(4, 3, 2))
@@ -440,3 +440,74 @@ def test_rule_inputs_are_read_once_per_tensor_and_dtype():
   other = reader.read(tf.constant(_CASES["one_inf"]), tf.float32)
   assert len(reader) == 3
   np.testing.assert_array_equal(other.numpy(), _reference_entries(_CASES["one_inf"])[0])
+
+
+@pytest.mark.parametrize("case", sorted(_CASES))
+@pytest.mark.parametrize("traced", [False, True])
+def test_finite_rows_zeroed_matches_numpy_on_both_branches(case, traced):
+  # Rows grouped two at a time (M = 2): a group with an inf/NaN entry has all its rows zeroed.
+  from tf_dpkit.clipping.clipped_sum import finite_rows_zeroed
+  x = _CASES[case]
+  fn = (tf.function(lambda t: finite_rows_zeroed(t, 2), input_signature=[
+      tf.TensorSpec([None, 3, 2], tf.float32)]) if traced else (lambda t: finite_rows_zeroed(t, 2)))
+  got_x, got_ok = fn(tf.constant(x))
+  want_ok = np.isfinite(x).reshape(2, -1).all(axis=1)
+  np.testing.assert_array_equal(got_ok.numpy(), want_ok)
+  np.testing.assert_array_equal(got_x.numpy(), np.where(np.repeat(want_ok, 2)[:, None, None], x, 0.0))
+
+
+def _placeholders_behind(tensor):
+  """Names of the placeholder ops ``tensor`` depends on (data and control inputs)."""
+  seen, stack, found = set(), [tensor.op], set()
+  while stack:
+    op = stack.pop()
+    if op.name in seen:
+      continue
+    seen.add(op.name)
+    if op.type == "Placeholder":
+      found.add(op.name)
+    stack.extend(t.op for t in op.inputs)
+    stack.extend(op.control_inputs)
+  return found
+
+
+def test_each_output_gradient_is_gated_on_its_own_and_flags_combine():
+  # Each record's norms see its own output gradient, gated on its own rows, so they can run
+  # (and free what only they need) before the other records' gradients exist; a microbatch is
+  # finite only where every record's rows, every rule input and its loss are.
+  from tf_dpkit.clipping import fast_path
+  from tf_dpkit.clipping.rules import LayerTrace
+  seen = {}
+
+  def record(name):
+    def squared_norms(g, num_groups):
+      seen[name] = g
+      return tf.reduce_sum(tf.reshape(tf.square(g), [num_groups, -1]), axis=1)
+    return (None, LayerTrace(None, None, squared_norms))
+
+  names = ["first", "second", "third"]
+  graph = tf.Graph()
+  with graph.as_default():
+    grads = [tf.compat.v1.placeholder(tf.float32, [4, 3], name=n) for n in names]
+    inputs_ok = tf.compat.v1.placeholder(tf.bool, [4], name="inputs_ok")
+    losses = tf.compat.v1.placeholder(tf.float32, [4], name="losses")
+    gated, squared, norms, finite = fast_path._finite_microbatch_norms(
+        [record(n) for n in names], grads, [inputs_ok], losses, 2, 1.0)
+  for name in names:
+    assert _placeholders_behind(seen[name]) == {name}, name
+  g = [np.arange(12, dtype=np.float32).reshape(4, 3) + k for k in range(3)]
+  g[1][2, 0] = np.nan  # record "second", example 2: microbatch 1
+  with tf.compat.v1.Session(graph=graph) as session:
+    feed = {grads[k]: g[k] for k in range(3)}
+    feed.update({inputs_ok: [True] * 4, losses: [1.0] * 4})
+    got_gated, got_finite, got_squared = session.run([gated, finite, squared], feed)
+    feed.update({inputs_ok: [False, True, True, True]})  # example 0: microbatch 0
+    both_out = session.run(finite, feed)
+  np.testing.assert_array_equal(got_finite, [True, False])
+  np.testing.assert_array_equal(got_gated[0], g[0])  # another record's rows are not touched
+  np.testing.assert_array_equal(got_gated[1][2:], 0.0)
+  np.testing.assert_array_equal(got_gated[1][:2], g[1][:2])
+  for k in range(3):  # squares of the flagged microbatch are 0, the others the gated rows'
+    np.testing.assert_allclose(got_squared[k][0], np.sum(g[k][:2] ** 2), rtol=1e-6)
+    assert got_squared[k][1] == 0.0
+  np.testing.assert_array_equal(both_out, [False, False])

@@ -70,6 +70,30 @@ def test_group_normalization_rule_matches_per_example_reference(name, make_layer
   check_layer_rule(layer, inputs, num_microbatches=num_microbatches)  # asserts inside
 
 
+def test_group_normalization_norms_form_no_tensor_the_size_of_the_activations():
+  # The per-example gradients come from the backward pass at the [B, 1, G, C/G] scale and
+  # shift, so the norms and the clipped sum add no activation-sized tensor (a normalised copy
+  # of the input would be one).
+  layer = _built(keras.layers.GroupNormalization(groups=4), _x(2, 6, 6, 8))
+
+  @tf.function(input_signature=[tf.TensorSpec([16, 6, 6, 8])])
+  def step(x):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      trace = lookup_rule(layer)(layer, x)
+      total = tf.reduce_sum(trace.outputs * tf.ones_like(trace.outputs))
+    g = tape.gradient(total, trace.watched)
+    with tf.name_scope("norms_and_sum"):
+      squared = trace.squared_norms(g, 4)
+      return squared, trace.clipped_sum(tf.ones([4]))
+
+  graph = step.get_concrete_function().graph
+  added = [op for op in graph.get_operations() if op.name.startswith("norms_and_sum")]
+  assert added
+  sizes = {op.name: max([t.shape.num_elements() or 0 for t in op.outputs] + [0]) for op in added}
+  assert max(sizes.values()) < 16 * 6 * 6 * 8 // 8, sizes
+
+
 @pytest.mark.slow  # 12 s on 2 cores: the replay's per-example gradients are traced with pfor
 def test_group_normalization_over_another_axis_is_declined_and_replayed_exactly():
   # axis=1 (channels first): the rule declines, the layer is replayed per example (still exact).
