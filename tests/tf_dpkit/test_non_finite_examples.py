@@ -511,3 +511,45 @@ def test_each_output_gradient_is_gated_on_its_own_and_flags_combine():
     np.testing.assert_allclose(got_squared[k][0], np.sum(g[k][:2] ** 2), rtol=1e-6)
     assert got_squared[k][1] == 0.0
   np.testing.assert_array_equal(both_out, [False, False])
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_scaled_row_sum_leaves_out_non_finite_rows_whose_factor_is_zero(traced):
+  from tf_dpkit.clipping.clipped_sum import scaled_row_sum
+  rows = np.arange(24, dtype=np.float32).reshape(4, 3, 2)
+  factors = np.array([0.5, 0.0, 1.0, 0.0], np.float32)
+  fn = tf.function(scaled_row_sum) if traced else scaled_row_sum
+  want = np.tensordot(factors, rows, axes=1)
+  np.testing.assert_allclose(fn(tf.constant(factors), tf.constant(rows)).numpy(), want)
+  broken = rows.copy()
+  broken[1, 0, 0], broken[3, 2, 1] = np.inf, np.nan  # rows left out (factor 0)
+  np.testing.assert_allclose(fn(tf.constant(factors), tf.constant(broken)).numpy(), want)
+  broken[0, 1, 1] = np.inf  # a row with a nonzero factor is never non-finite on the fast path
+  assert not np.all(np.isfinite(fn(tf.constant(factors), tf.constant(broken)).numpy()))
+
+
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_a_left_out_example_whose_kept_gradient_overflows_adds_exactly_zero(use_bias):
+  # A Dense layer on 4 positions of 1 feature keeps its per-example gradients (explicit form).
+  # Example 0 has a finite feature of 1e20: its loss (1e40) overflows to inf, so it is left out
+  # (factor 0), while its output gradient (5e19) stays finite and its kept kernel gradient
+  # (2e40) overflows; 0 * inf would make the whole clipped sum NaN.  Example 1 alone must be in
+  # the sum, clipped.  (Found by review: it was NaN after output gradients were gated one at a
+  # time, and when the overflow alone flagged the example, before that too.)
+  from tf_dpkit.clipping import fast_path
+  model = keras.Sequential([keras.Input((4, 1)), keras.layers.Dense(
+      1, use_bias=use_bias, kernel_initializer="ones")])
+  x = np.ones((2, 4, 1), np.float32)
+  x[0] = 1e20
+  x[1] = [[1.0], [2.0], [-1.0], [3.0]]
+  y = np.zeros((2, 4, 1), np.float32)
+  loss = lambda yt, yp: tf.reduce_mean(tf.square(yt - yp), axis=[1, 2])  # noqa: E731
+  result, _ = fast_path.clipped_sum_fast(model, loss, (tf.constant(x), tf.constant(y), None), 1.0)
+  with tf.GradientTape() as tape:
+    alone = loss(tf.constant(y[1:]), model(tf.constant(x[1:])))[0]
+  reference = tape.gradient(alone, model.trainable_variables)
+  norm = np.sqrt(sum(np.sum(np.square(g.numpy().astype(np.float64))) for g in reference))
+  assert norm > 1.0  # clipping binds
+  for got, want in zip(result.grads, reference):
+    np.testing.assert_allclose(got.numpy(), want.numpy() / norm, rtol=1e-5)
+  np.testing.assert_allclose(result.norms.numpy(), [0.0, norm], rtol=1e-5)

@@ -140,9 +140,9 @@ def finite_entries(tensor):
   """``(tensor with every inf/NaN entry replaced by 0, [B] bool: row b had no such entry)``.
 
   The one rule by which the fast path reads a layer's input (``tensor`` [B, ...], float): the
-  rule then works on finite values, and the row flags mark the examples to leave out (their
-  output gradients are zeroed and their clip factor is 0), so their contribution to every
-  norm and clipped sum is exactly 0.  ``tf.where``, not a product: ``0 * inf`` would be NaN.
+  rule then works on finite values, and the row flags mark the examples to leave out (clip
+  factor 0; see ``fast_path._finite_microbatch_norms``), so their contribution to every
+  clipped sum is exactly 0.  ``tf.where``, not a product: ``0 * inf`` would be NaN.
   Both are exact; when every entry is finite (the sum of the entries is, see
   ``_all_finite_hint``) the tensor passes through unchanged without the select.
 
@@ -199,6 +199,26 @@ def finite_rows_zeroed(tensor, num_rows):
 
   return tf.cond(_all_finite_hint(t), lambda: (tf.identity(t), tf.ones([num_rows], tf.bool)),
                  exact)
+
+
+def scaled_row_sum(factors, rows):
+  """``sum_j factors[j] * rows[j]`` over the leading axis (``factors`` [M], ``rows`` [M, ...]),
+  where a row whose factor is 0 adds exactly 0 even if it holds inf or NaN.
+
+  The one contraction by which a rule turns the per-microbatch gradients it kept into its
+  clipped sum.  A microbatch left out of the sum (clip factor 0: an inf/NaN input, loss or
+  output gradient, or a squared norm that overflows) may still have kept rows that overflowed
+  to inf, and ``0 * inf`` is NaN; a row with a nonzero factor is finite (its squared norm was).
+  The plain contraction is taken when its result is finite (it then met no inf/NaN), else the
+  contraction over the rows with a nonzero factor, zeros elsewhere; both are exact.
+  """
+  factors = tf.cast(factors, rows.dtype)
+  total = tf.tensordot(factors, rows, axes=1)
+
+  def exact():
+    return tf.tensordot(factors, zero_rows(rows, tf.not_equal(factors, 0)), axes=1)
+
+  return tf.cond(_all_finite_hint(total), lambda: tf.identity(total), exact)
 
 
 def zero_rows(tensor, keep):

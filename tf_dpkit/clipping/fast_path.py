@@ -15,7 +15,7 @@ from tf_dpkit import _autograph
 from tf_dpkit.clipping import _keras_internals as internals
 from tf_dpkit.clipping import independence, pooling
 from tf_dpkit.clipping.clipped_sum import (at_least_float32, clip_factors, finite_entries,
-                                           finite_rows_zeroed, issue_clipped_sum)
+                                           finite_rows_zeroed, issue_clipped_sum, scaled_row_sum)
 from tf_dpkit.clipping.contract import (isolated_per_example_losses, map_examples,
                                         per_example_weights, pfor_is_safe)
 from tf_dpkit.clipping.per_example import (assert_nonempty, check_grouping,
@@ -203,7 +203,7 @@ def _replayed_trace(layer, call, call_args, call_kwargs, outputs, batch):
                      for grad in cache["grouped"]])
 
   def clipped_sum(factors):
-    return [tf.tensordot(tf.cast(factors, grad.dtype), grad, axes=1) for grad in cache["grouped"]]
+    return [scaled_row_sum(factors, grad) for grad in cache["grouped"]]
   return LayerTrace(outputs, watched, squared_norms, clipped_sum)
 
 
@@ -447,8 +447,9 @@ def _clipped_sums_by_variable(model, tape, records, output_grads, record_factors
     layer_sums = trace.clipped_sum(factors) if trace.clipped_sum is not None else None
     if layer_sums is None:
       example_factors = tf.repeat(factors, group_size)
-      shape = tf.concat([[batch], tf.ones([tf.rank(g) - 1], tf.int32)], 0)
-      weighted = g * tf.reshape(tf.cast(example_factors, g.dtype), shape)
+      weighted = tf.nest.map_structure(
+          lambda t: t * tf.reshape(tf.cast(example_factors, t.dtype), tf.concat(
+              [[batch], tf.ones([tf.rank(t) - 1], tf.int32)], 0)), g)
       layer_sums = tape.gradient(trace.watched, layer_vars, output_gradients=weighted,
                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
     for v, grad in zip(layer_vars, layer_sums):

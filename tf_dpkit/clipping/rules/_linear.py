@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tf_dpkit.clipping.clipped_sum import scaled_row_sum
 from tf_dpkit.clipping import _keras_internals
 
 _ONE_PER_EXAMPLE = "_tf_dpkit_one_example_per_group"
@@ -151,9 +152,9 @@ class LinearNorms:
     if self.kernel_grads is None:
       return None
     factors = tf.cast(factors, self.kernel_grads.dtype)
-    grads = [tf.reshape(tf.tensordot(factors, self.kernel_grads, axes=1), kernel_shape)]
+    grads = [tf.reshape(scaled_row_sum(factors, self.kernel_grads), kernel_shape)]
     if self.with_bias:
-      grads.append(tf.tensordot(factors, self.bias_grads, axes=1))
+      grads.append(scaled_row_sum(factors, self.bias_grads))
     return grads
 
 

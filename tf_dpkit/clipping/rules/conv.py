@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dpkit import distribute, native
+from tf_dpkit.clipping.clipped_sum import scaled_row_sum
 from tf_dpkit.clipping.rules._linear import (as_sequence, group_examples, keeping_costs_no_memory,
                                             LinearNorms, static)
 from tf_dpkit.clipping.rules.registry import LayerTrace, register_layer_rule
@@ -260,9 +261,9 @@ def conv_rule(layer, inputs):
       return linear.clipped_sum(factors, tf.shape(layer.kernel)) if keep else None
     kernel_grads, bias_grads = scaled_sum.kept
     factors = tf.cast(factors, tf.float32)
-    sums = [tf.reshape(tf.tensordot(factors, kernel_grads, axes=1), tf.shape(layer.kernel))]
+    sums = [tf.reshape(scaled_row_sum(factors, kernel_grads), tf.shape(layer.kernel))]
     if layer.use_bias:
-      sums.append(tf.tensordot(factors, bias_grads, axes=1))
+      sums.append(scaled_row_sum(factors, bias_grads))
     return sums
   scaled_sum.kept = None
   return LayerTrace(outputs, z, squared_norms, scaled_sum)

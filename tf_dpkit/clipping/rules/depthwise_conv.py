@@ -4,6 +4,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from tf_dpkit.clipping.clipped_sum import scaled_row_sum
 from tf_dpkit.clipping.rules._linear import as_sequence, group_examples
 from tf_dpkit.clipping.rules.conv import unfold_patches
 from tf_dpkit.clipping.rules.registry import LayerTrace, register_layer_rule
@@ -54,8 +55,8 @@ def depthwise_conv_rule(layer, inputs):
 
   def clipped_sum(factors):
     factors = tf.cast(factors, cache["kernel"].dtype)
-    grads = [tf.reshape(tf.tensordot(factors, cache["kernel"], axes=1), tf.shape(layer.kernel))]
+    grads = [tf.reshape(scaled_row_sum(factors, cache["kernel"]), tf.shape(layer.kernel))]
     if layer.use_bias:
-      grads.append(tf.tensordot(factors, cache["bias"], axes=1))
+      grads.append(scaled_row_sum(factors, cache["bias"]))
     return grads
   return LayerTrace(outputs, z, squared_norms, clipped_sum)

@@ -4,8 +4,8 @@ Each example's channels are split into ``G`` groups of ``C / G`` consecutive cha
 group is normalised by its own mean and variance over the example's positions and the group's
 channels (no batch statistics), then scaled and shifted per channel.  The output is formed as
 Keras forms it, ``z = x * scale + shift`` with ``scale = gamma / sigma`` and ``shift = beta -
-mean * scale`` (per example, group and channel: [B, 1, G, C/G]), and the rule watches ``scale``
-and ``shift``: the backward pass the fast path runs anyway gives each example's
+mean * scale`` (per example, group and channel: [B, 1, G, C/G]; ``scale`` is [B, 1, G, 1]
+without ``gamma``), and the rule watches ``scale`` and ``shift``: the backward pass the fast path runs anyway gives each example's
 ``dL/dscale`` (which includes the path through ``shift``) and ``dL/dshift``, so the
 per-example gradients are ``dgamma = dL/dscale / sigma`` and ``dbeta = dL/dshift``, exactly
 what differentiating Keras's layer on that example alone gives, with no tensor the size of the
@@ -16,6 +16,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from tf_dpkit.clipping.clipped_sum import scaled_row_sum
 from tf_dpkit.clipping.rules._linear import as_sequence, group_examples, propagate_mask, static
 from tf_dpkit.clipping.rules.registry import LayerTrace, register_layer_rule
 
@@ -71,6 +72,6 @@ def group_normalization_rule(layer, inputs):
                      for grads in kept.values()])
 
   def clipped_sum(factors):
-    return [tf.tensordot(tf.cast(factors, kept[id(v)].dtype), kept[id(v)], axes=1)
+    return [scaled_row_sum(factors, kept[id(v)])
             for v in layer.trainable_variables]
   return LayerTrace(propagate_mask(inputs, z), [scale, shift], squared_norms, clipped_sum)

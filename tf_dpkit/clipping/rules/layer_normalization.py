@@ -14,6 +14,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from tf_dpkit.clipping.clipped_sum import scaled_row_sum
 from tf_dpkit.clipping.rules._linear import as_sequence, group_examples, propagate_mask
 from tf_dpkit.clipping.rules.registry import LayerTrace, register_layer_rule
 
@@ -56,7 +57,7 @@ def scale_shift_trace(layer, inputs, normalized, gamma, beta, z=None):
   def clipped_sum(factors):
     if set(kept) != trainable:
       return None
-    return [tf.tensordot(tf.cast(factors, kept[id(v)].dtype), kept[id(v)], axes=1)
+    return [scaled_row_sum(factors, kept[id(v)])
             for v in layer.trainable_variables]
   return LayerTrace(outputs, z, squared_norms, clipped_sum)
 

@@ -7,15 +7,18 @@ norms come from quantities the ordinary backward pass already has:
 
 * ``outputs``: the layer's output (what the next layer consumes), computed with the layer's own
   variables inside the caller's ``GradientTape``;
-* ``watched``: the tensor ``z`` (usually the pre-activation) that depends on the layer's
-  trainable variables directly; the caller obtains ``g = dL_i/dz`` for every example from one
-  backward pass of the summed loss;
+* ``watched``: the tensor ``z`` (usually the pre-activation), or a list of tensors, that
+  depends on the layer's trainable variables directly, each with the batch as its leading axis;
+  the caller obtains ``g = dL_i/dz`` (the same structure) for every example from one backward
+  pass of the summed loss;
 * ``squared_norms(g, num_groups) -> [M]``: the squared L2 norms of the per-microbatch gradients
   of the layer's trainable variables, where microbatch ``j`` holds examples ``j*k..(j+1)*k-1``
   (``k = B / M``) and ``g`` already carries each example's weight (``1/k`` for a mean);
 * ``clipped_sum(factors)`` (optional): ``sum_j c_j grad_j`` from per-microbatch gradients that
   ``squared_norms`` already formed, or None; without it the fast path forms the clipped sum as
-  one vector-Jacobian product ``dz/dW^T (c * g)``.  Either way the sum is a linear function of
+  one vector-Jacobian product ``dz/dW^T (c * g)``.  A rule keeps per-microbatch gradients
+  only where ``_linear.keeping_costs_no_memory`` allows (or they are [M, C]-sized) and
+  contracts them with ``clipped_sum.scaled_row_sum``.  Either way the sum is a linear function of
   the same ``g`` the norms were computed from, so each microbatch's share has exactly the norm
   that was clipped.
 
