@@ -379,7 +379,8 @@ def _finite_microbatch_norms(records, output_grads, finite_examples, per_example
   gradient, of every rule's input (``finite_examples``; read as 0 there) and its weighted loss
   are, and its squared norm is finite; the others get squared norm 0 here and clip factor 0
   (``_record_clip_factors``), and every rule's inputs and gated output gradients are finite, so
-  their share of every clipped sum is exactly 0.  Squares are summed in float32 and divided by
+  their share of every clipped sum is exactly 0 (a rule's kept per-microbatch gradients, which
+  can still overflow, are contracted by ``clipped_sum.scaled_row_sum``).  Squares are summed in float32 and divided by
   ``S^2`` (norms of the unscaled gradients).
 
   Returns ``(output_grads, squared_by_record, norms, finite)``: the gated output gradients, per

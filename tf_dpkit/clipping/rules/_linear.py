@@ -75,8 +75,8 @@ def keeping_costs_no_memory(gradient_size, input_size, output_size):
   which the fast path's vector-Jacobian product would keep alive instead.  Sizes unknown while
   tracing (None) give False.  The one memory rule for kept gradients: with it the clipped sum
   costs no more memory than the VJP, whose extra cost is one more weight-gradient pass.
-  (``LinearNorms`` keeps them only in its explicit form, chosen when ``S (d + p) >= d p``: the
-  same rule for a linear map on ``S`` positions.)
+  (``LinearNorms`` keeps them only in its explicit form, chosen when ``S (d + p) >= d p`` for
+  ``S`` positions per microbatch: the same bound when a microbatch is one example.)
   """
   if gradient_size is None or input_size is None or output_size is None:
     return False
@@ -151,7 +151,6 @@ class LinearNorms:
   def clipped_sum(self, factors, kernel_shape):
     if self.kernel_grads is None:
       return None
-    factors = tf.cast(factors, self.kernel_grads.dtype)
     grads = [tf.reshape(scaled_row_sum(factors, self.kernel_grads), kernel_shape)]
     if self.with_bias:
       grads.append(scaled_row_sum(factors, self.bias_grads))

@@ -260,7 +260,6 @@ def conv_rule(layer, inputs):
     if scaled_sum.kept is None:
       return linear.clipped_sum(factors, tf.shape(layer.kernel)) if keep else None
     kernel_grads, bias_grads = scaled_sum.kept
-    factors = tf.cast(factors, tf.float32)
     sums = [tf.reshape(scaled_row_sum(factors, kernel_grads), tf.shape(layer.kernel))]
     if layer.use_bias:
       sums.append(scaled_row_sum(factors, bias_grads))

@@ -54,7 +54,6 @@ def depthwise_conv_rule(layer, inputs):
     return norms
 
   def clipped_sum(factors):
-    factors = tf.cast(factors, cache["kernel"].dtype)
     grads = [tf.reshape(scaled_row_sum(factors, cache["kernel"]), tf.shape(layer.kernel))]
     if layer.use_bias:
       grads.append(scaled_row_sum(factors, cache["bias"]))
