@@ -9,6 +9,9 @@ semi-supervised student.
 2. The first 9,000 test images are public and unlabelled; ``--queries`` of them (drawn with
    ``--seed``) are sent to the aggregator, which answers with noisy teacher votes and records
    each outcome in an ``analysis.pate.PateAccountant``.  The last 1,000 test images evaluate.
+   ``--selection=margin`` asks in rounds instead: after a random first round, each round
+   queries the public images a student trained on the labels so far is least sure about
+   (``tf_dpkit.pate.least_confident``; post-processing of released labels and public images).
 3. The student trains on the released labels, and with ``--student=fixmatch`` also on all 9,000
    public images without labels (post-processing: no privacy cost).  ``--validation_size=N``
    holds the last N of them out (never queried or trained on) and scores each student on them,
@@ -51,6 +54,15 @@ flags.DEFINE_integer("teacher_epochs", 15, "Passes over each teacher's shard.")
 flags.DEFINE_integer("teacher_batch_size", 16, "Images per teacher per step.")
 flags.DEFINE_float("teacher_learning_rate", 5e-3, "Adam learning rate of the teachers.")
 flags.DEFINE_integer("queries", 640, "Public images sent to the aggregator.")
+flags.DEFINE_enum("selection", "random", ["random", "margin"],
+                  "Which public images are queried. random: drawn with --seed. margin: in "
+                  "--selection_rounds rounds; the first is random, each later one takes the "
+                  "unqueried images on which a student trained on the labels so far is least "
+                  "sure (pate.least_confident; post-processing, no privacy cost).")
+flags.DEFINE_integer("selection_rounds", 2, "With --selection=margin: rounds the queries are "
+                     "split into (>= 2).")
+flags.DEFINE_integer("selection_student_steps", 1500, "With --selection=margin: steps of each "
+                     "round's selecting student.")
 flags.DEFINE_float("threshold", 200.0, "Confident/Interactive GNMax threshold T (votes).")
 flags.DEFINE_float("sigma1", 150.0, "Std of the threshold check's noise (votes).")
 flags.DEFINE_float("sigma2", 40.0, "Std of the answer's noise (votes), also GNMax's sigma.")
@@ -66,6 +78,12 @@ flags.DEFINE_integer("student_steps", 1500, "Student optimiser steps.")
 flags.DEFINE_integer("supervised_baseline_steps", 500,
                      "With --student=fixmatch, also train a supervised-only student on the same "
                      "labels for this many steps, for comparison (0: skip).")
+flags.DEFINE_integer("true_label_baseline_steps", 0,
+                     "Diagnostic (0: skip): also train a student with the same method on the TRUE "
+                     "labels of the queries that received a label, for this many steps; its "
+                     "accuracy, student_accuracy_true_labels, separates label noise from the "
+                     "student's own limits.  MNIST's public labels are known; PATE's setting "
+                     "assumes they are not, so this is never a release.")
 flags.DEFINE_list("curve_points", ["160", "320", "480"],
                   "Query counts at which an extra student is trained for the accuracy-vs-"
                   "epsilon plot (besides --queries); empty for none.")
@@ -176,6 +194,17 @@ def main(argv):
   (x_priv, y_priv), public, validation, evaluation = _load()
   if not 1 <= FLAGS.queries <= len(public[0]):
     raise flags.ValidationError(f"--queries must be in [1, {len(public[0])}].")
+  rounds = 1
+  if FLAGS.selection == "margin":
+    if FLAGS.aggregator == "interactive_gnmax":
+      raise flags.ValidationError("--selection=margin works with --aggregator=confident_gnmax, "
+                                  "gnmax or lnmax (interactive_gnmax has its own two rounds).")
+    if not 2 <= FLAGS.selection_rounds <= FLAGS.queries:
+      raise flags.ValidationError(f"--selection_rounds must be in [2, {FLAGS.queries}] "
+                                  "(at most --queries).")
+    if FLAGS.selection_student_steps < 1:
+      raise flags.ValidationError("--selection_student_steps must be >= 1.")
+    rounds = FLAGS.selection_rounds
 
   # 1. Teachers on disjoint shards.
   shards = pate.partition_indices(len(x_priv), FLAGS.num_teachers, seed=FLAGS.seed)
@@ -191,19 +220,22 @@ def main(argv):
         f"max={teacher_acc.max():.4f} train_seconds={teacher_seconds:.1f}", flush=True)
 
   # 2. Votes on the public queries, sealed; noisy answers, accounted per query.
-  query_idx = np.sort(np.random.default_rng(FLAGS.seed).choice(
-      len(public[0]), FLAGS.queries, replace=False))
-  votes = ensemble.votes(public[0][query_idx])
+  # Round r asks sizes[r] queries; the first round's images are drawn at random.
+  sizes = np.diff(np.linspace(0, FLAGS.queries, rounds + 1).round().astype(np.int64))
+  query_idx = np.zeros(FLAGS.queries, np.int64)
+  query_idx[:sizes[0]] = np.sort(np.random.default_rng(FLAGS.seed).choice(
+      len(public[0]), sizes[0], replace=False))
   accountant = analysis.pate.PateAccountant(num_teachers=FLAGS.num_teachers)
   labels = np.full(FLAGS.queries, -1, np.int64)
   answered = np.zeros(FLAGS.queries, bool)
   student_labeled = np.zeros(FLAGS.queries, bool)
   curve = []
 
-  def ask(aggregator, positions, *extra):
+  def ask(aggregator, positions, *extra, offset=0):
+    # positions index the whole query list; the aggregator's own votes start at `offset`.
     for lo in range(0, len(positions), FLAGS.chunk):
       part = positions[lo:lo + FLAGS.chunk]
-      result = aggregator.query(part, *(e[lo:lo + FLAGS.chunk] for e in extra))
+      result = aggregator.query(part - offset, *(e[lo:lo + FLAGS.chunk] for e in extra))
       labels[part] = result.labels
       answered[part] = result.answered
       student_labeled[part] = result.student_labeled
@@ -216,7 +248,29 @@ def main(argv):
             f"epsilon_data_independent={curve[-1]['epsilon_data_independent']:.4f}", flush=True)
 
   positions = np.arange(FLAGS.queries)
-  if FLAGS.aggregator == "interactive_gnmax":
+  if rounds > 1:
+    lo = 0
+    for r, size in enumerate(sizes):
+      if r:
+        have = labels[:lo] >= 0
+        if np.any(have):
+          selector = student.train_student(
+              public[0][query_idx[:lo][have]], labels[:lo][have], public[0],
+              method=FLAGS.student, steps=FLAGS.selection_student_steps, seed=FLAGS.seed + 50 + r)
+          query_idx[lo:lo + size] = student.least_confident(selector, public[0], size,
+                                                            exclude=query_idx[:lo])
+        else:  # nothing released yet: nothing to learn from, so draw at random
+          rest = np.setdiff1d(np.arange(len(public[0])), query_idx[:lo])
+          query_idx[lo:lo + size] = np.sort(np.random.default_rng(FLAGS.seed + r).choice(
+              rest, size, replace=False))
+        print(f"selection round {r + 1}/{rounds}: {size} queries chosen by "
+              f"{'margin' if np.any(have) else 'random draw (no labels yet)'}", flush=True)
+      round_seed = None if FLAGS.noise_seed is None else FLAGS.noise_seed + r
+      ask(_make(FLAGS.aggregator, ensemble.votes(public[0][query_idx[lo:lo + size]]),
+                accountant, round_seed), positions[lo:lo + size], offset=lo)
+      lo += size
+  elif FLAGS.aggregator == "interactive_gnmax":
+    votes = ensemble.votes(public[0][query_idx])
     # Round 1: Confident GNMax on the first half; a student learns from it.  Round 2: the
     # interactive aggregator on the rest, with that student's probabilities as baseline.
     half = FLAGS.queries // 2
@@ -228,7 +282,8 @@ def main(argv):
     second_seed = None if FLAGS.noise_seed is None else FLAGS.noise_seed + 1
     ask(_make("interactive_gnmax", votes, accountant, second_seed), positions[half:], probs)
   else:
-    ask(_make(FLAGS.aggregator, votes, accountant, FLAGS.noise_seed), positions)
+    ask(_make(FLAGS.aggregator, ensemble.votes(public[0][query_idx]), accountant,
+              FLAGS.noise_seed), positions)
 
   truth = public[1][query_idx]
   answered_acc = float(np.mean(labels[answered] == truth[answered])) if answered.any() else 0.0
@@ -272,6 +327,16 @@ def main(argv):
     print(f"supervised-only student: labels={int(have.sum())} test_accuracy={supervised_acc:.4f}",
           flush=True)
 
+  true_label_acc = None
+  if FLAGS.true_label_baseline_steps and np.any(labels >= 0):
+    have = labels >= 0
+    oracle = student.train_student(public[0][query_idx[have]], truth[have], public[0],
+                                   method=FLAGS.student, steps=FLAGS.true_label_baseline_steps,
+                                   seed=FLAGS.seed)
+    true_label_acc = student.accuracy(oracle, *evaluation)
+    print(f"true-label student (diagnostic): labels={int(have.sum())} "
+          f"test_accuracy={true_label_acc:.4f}", flush=True)
+
   # 4. Privacy.
   beta = FLAGS.ss_beta if FLAGS.ss_beta is not None else 0.4 / FLAGS.ss_order
   ss = accountant.smooth_sensitivity_epsilon(FLAGS.delta, beta, FLAGS.ss_sigma, FLAGS.ss_order,
@@ -286,10 +351,14 @@ def main(argv):
       "teacher_accuracy_min": float(teacher_acc.min()),
       "teacher_accuracy_max": float(teacher_acc.max()),
       "queries": int(accountant.queries), "answered": int(accountant.answered),
+      "selection": FLAGS.selection, "selection_rounds": rounds,
+      "selection_student_steps": FLAGS.selection_student_steps if rounds > 1 else None,
       "student_labeled": int(student_labeled.sum()),
       "answered_label_accuracy": answered_acc, "released_label_accuracy": labeled_acc,
       "student": FLAGS.student, "student_steps": FLAGS.student_steps,
       "student_accuracy_supervised_only": supervised_acc,
+      "student_accuracy_true_labels": true_label_acc,
+      "true_label_baseline_steps": FLAGS.true_label_baseline_steps,
       "student_accuracy": accuracy_points[-1]["student_accuracy"] if accuracy_points else 0.0,
       "validation_accuracy": (accuracy_points[-1]["validation_accuracy"] if accuracy_points
                               else None),

@@ -45,8 +45,10 @@ def _independent_epsilon(results, sigma1, sigma2):
     pytest.param("interactive_gnmax", marks=pytest.mark.slow)])
 def test_small_run_writes_results_model_and_plots(tmp_path, aggregator):
   held_out = 100 if aggregator == "confident_gnmax" else 0  # --validation_size on one of them
+  true_steps = 60 if aggregator == "confident_gnmax" else 0  # the diagnostic on one of them
   results, out = _run(tmp_path, f"--aggregator={aggregator}", "--noise_seed=1",
-                      f"--validation_size={held_out}", *SMALL)
+                      f"--validation_size={held_out}",
+                      f"--true_label_baseline_steps={true_steps}", *SMALL)
   assert KEYS <= set(results)
   assert results["public_examples"] == 600 - held_out
   assert results["validation_examples"] == held_out
@@ -55,6 +57,13 @@ def test_small_run_writes_results_model_and_plots(tmp_path, aggregator):
     assert all(p["validation_accuracy"] is not None for p in results["accuracy_points"])
   else:
     assert results["validation_accuracy"] is None
+  assert results["true_label_baseline_steps"] == true_steps
+  if true_steps:
+    assert results["student_accuracy_true_labels"] > 0.2  # chance: 0.1
+    # Trained on the queries that received a label (Confident GNMax: the answered ones).
+    assert f"true-label student (diagnostic): labels={results['answered']} " in out
+  else:
+    assert results["student_accuracy_true_labels"] is None
   assert results["queries"] == 64 and 0 < results["answered"] <= 64
   assert results["answered_label_accuracy"] > 0.5
   assert results["student_accuracy"] > 0.2  # chance: 0.1
@@ -102,3 +111,37 @@ def test_validation_size_outside_its_range_is_refused_naming_the_flag(tmp_path, 
                           timeout=300, cwd=ROOT, env=env)
   assert result.returncode != 0
   assert "--validation_size must be in [0, 599]" in result.stderr
+
+
+@pytest.mark.slow  # about 12 s end to end; pate.least_confident is unit-tested by default
+def test_margin_selection_asks_later_rounds_from_a_student_and_accounts_every_query(tmp_path):
+  results, out = _run(tmp_path, "--selection=margin", "--selection_rounds=2",
+                      "--selection_student_steps=20", "--noise_seed=1", *SMALL)
+  assert results["selection"] == "margin" and results["selection_rounds"] == 2
+  assert results["selection_student_steps"] == 20
+  assert "selection round 2/2: 32 queries chosen by margin" in out
+  assert results["queries"] == 64 and 0 < results["answered"] <= 64
+  # Both rounds' queries are composed: the data-independent epsilon is that of all 64.
+  assert results["epsilon_data_independent"] == pytest.approx(
+      _independent_epsilon(results, 3.0, 2.0), rel=1e-9)
+  assert 0 < results["epsilon_data_dependent"] <= results["epsilon_data_independent"]
+  assert results["epsilon_curve"][-1]["queries"] == 64
+  assert results["student_accuracy"] > 0.2  # chance: 0.1
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--selection=margin", "--aggregator=interactive_gnmax"],
+     "--selection=margin works with --aggregator=confident_gnmax, gnmax or lnmax"),
+    (["--selection=margin", "--selection_rounds=1"], "--selection_rounds must be in [2, 64]"),
+    (["--selection=margin", "--selection_rounds=65"], "--selection_rounds must be in [2, 64]"),
+    (["--selection=margin", "--selection_student_steps=0"],
+     "--selection_student_steps must be >= 1"),
+])
+def test_selection_flags_outside_their_range_are_refused_naming_the_flag(tmp_path, flags,
+                                                                          message):
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+  result = subprocess.run([sys.executable, SCRIPT, f"--output_dir={tmp_path}", *SMALL, *flags],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+  assert result.returncode != 0
+  assert message in result.stderr
+  assert "teachers epoch" not in result.stdout  # refused before any training

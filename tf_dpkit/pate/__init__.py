@@ -7,7 +7,8 @@
 * Aggregators :class:`LNMax`, :class:`GNMax`, :class:`ConfidentGNMax`,
   :class:`InteractiveGNMax`: secret keyed noise (:mod:`tf_dpkit.noise`), every outcome
   recorded in an :class:`analysis.pate.PateAccountant`.
-* :func:`train_student` (supervised or FixMatch-style semi-supervised), :func:`build_student_model`.
+* :func:`train_student` (supervised or FixMatch-style semi-supervised), :func:`build_student_model`,
+  :func:`least_confident` (which public images to query next).
 
 ``tutorials/mnist_pate_tutorial.py`` runs the whole pipeline on MNIST.
 """
@@ -16,12 +17,14 @@ from __future__ import annotations
 from tf_dpkit.pate.aggregators import (AGGREGATORS, Aggregator, Answers, ConfidentGNMax, GNMax,
                                        InteractiveGNMax, LNMax)
 from tf_dpkit.pate.partition import partition_indices, shard_of
-from tf_dpkit.pate.student import build_student_model, predict_probabilities, train_student
+from tf_dpkit.pate.student import (build_student_model, least_confident, predict_probabilities,
+                                   train_student)
 from tf_dpkit.pate.teachers import TeacherEnsemble, build_teacher_model
 from tf_dpkit.pate.votes import TeacherVotes
 
 __all__ = [
     "AGGREGATORS", "Aggregator", "Answers", "ConfidentGNMax", "GNMax", "InteractiveGNMax",
     "LNMax", "TeacherEnsemble", "TeacherVotes", "build_student_model", "build_teacher_model",
+    "least_confident",
     "partition_indices", "predict_probabilities", "shard_of", "train_student",
 ]

@@ -13,6 +13,9 @@ privacy.  Two training modes:
   strongly augmented copy (random rotation, scaling, shear and shifts of up to 4 px, then a
   zeroed square: cutout).  PATE 2018's students were semi-supervised too (a GAN-based method);
   this is a cheaper one that fits a 2-core CPU.
+
+:func:`least_confident` picks the public images a student is least sure about, for querying
+them next (active selection; also post-processing).
 """
 from __future__ import annotations
 
@@ -164,6 +167,36 @@ def predict_probabilities(model, x, batch_size: int = 512) -> np.ndarray:
   out = [tf.nn.softmax(model(x[i:i + batch_size], training=False)).numpy()
          for i in range(0, len(x), batch_size)]
   return np.concatenate(out) if out else np.zeros((0, model.output_shape[-1]), np.float32)
+
+
+def least_confident(model, x, k: int, exclude=None) -> np.ndarray:
+  """Indices of the ``k`` images of ``x`` on which the student is least sure: smallest margin
+  ``p_(1) - p_(2)`` between its two largest class probabilities (uncertainty sampling; ties by
+  index), sorted ascending.
+
+  Choosing which public images to query from a student trained on released labels is
+  post-processing: it costs no privacy, and the accountant composes the chosen queries as any
+  others (RDP composition holds for adaptively chosen queries).
+
+  Args:
+    model: a Keras model with logits output (e.g. from :func:`train_student`).
+    x: public images ``[N, H, W(, C)]``.
+    k: how many to choose, an integer in [0, N - len(exclude)].
+    exclude: indices into ``x`` never chosen (e.g. images already queried), or None.
+  """
+  x = _as_images(x, "x")
+  n = len(x)
+  excluded = np.zeros(n, bool)
+  if exclude is not None:
+    exclude = np.asarray(exclude, np.int64).reshape(-1)
+    if exclude.size and (exclude.min() < 0 or exclude.max() >= n):
+      raise ValueError(f"exclude must hold indices in [0, {n - 1}].")
+    excluded[exclude] = True
+  available = np.flatnonzero(~excluded)
+  k = _checks.check_integer("k", k, minimum=0, maximum=available.size)
+  probs = np.sort(predict_probabilities(model, x[available]), axis=1)
+  margin = probs[:, -1] - probs[:, -2]
+  return np.sort(available[np.argsort(margin, kind="stable")[:k]])
 
 
 def accuracy(model, x, y) -> float:
