@@ -98,6 +98,19 @@ def peak_rss_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def with_allocator_peak(fn):
+  """``(fn(), peak MB of TensorFlow's CPU allocator while fn ran)``; the peak is None where the
+  build keeps no CPU allocator statistics (TensorFlow 2.21 keeps them with oneDNN on, or with
+  ``TF_CPU_ALLOCATOR_USE_BFC=true``)."""
+  import tensorflow as tf  # noqa: PLC0415
+  try:
+    tf.config.experimental.reset_memory_stats("CPU:0")
+  except ValueError:
+    return fn(), None
+  result = fn()
+  return result, tf.config.experimental.get_memory_info("CPU:0")["peak"] / 2**20
+
+
 def report(method_note: str, lines, out=None) -> str:
   """The results text (build header, ``method_note``, the table ``lines``); printed, and
   written to ``out`` when given."""

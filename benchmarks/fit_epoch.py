@@ -104,17 +104,6 @@ class _StepsTimer(keras.callbacks.Callback):
     self.end = time.perf_counter()
 
 
-def timed_with_peak(fit):
-  """``(seconds, allocator peak MB)`` of one epoch; the peak is None where the build keeps no
-  CPU allocator statistics (oneDNN off)."""
-  try:
-    tf.config.experimental.reset_memory_stats("CPU:0")
-  except ValueError:
-    return fit(), None
-  seconds = fit()
-  return seconds, tf.config.experimental.get_memory_info("CPU:0")["peak"] / 2**20
-
-
 def run_single(spec):
   name, batch, method = spec.split(":")
   fit = make_fit(name, int(batch), method)
@@ -158,7 +147,7 @@ def main(_):
       peak_runs = {m: [] for m in fits}
       for _ in range(FLAGS.reps):
         for m, fit in fits.items():
-          seconds, peak = timed_with_peak(fit)
+          seconds, peak = build_info.with_allocator_peak(fit)
           times[m].append(seconds)
           if peak is not None:
             peak_runs[m].append(peak)

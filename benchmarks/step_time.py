@@ -192,18 +192,6 @@ def run_single(spec):
   print(json.dumps({"rss_before_mb": before / 1024, "rss_peak_mb": peak / 1024}))
 
 
-def allocator_peak_mb(step):
-  """Peak TensorFlow CPU allocator memory of one step, or None where the build keeps no CPU
-  allocator statistics (TensorFlow 2.21 keeps them only with oneDNN on, which is the default on
-  Intel CPUs but not on e.g. AMD ones; set TF_ENABLE_ONEDNN_OPTS=1 to get them there)."""
-  try:
-    tf.config.experimental.reset_memory_stats("CPU:0")
-  except ValueError:
-    return None
-  step()
-  return tf.config.experimental.get_memory_info("CPU:0")["peak"] / 2**20
-
-
 def cpu_description():
   """CPU model name from /proc/cpuinfo and whether oneDNN kernels are on."""
   model = platform.processor() or "unknown CPU"
@@ -278,7 +266,7 @@ def main(argv):
     if cpu_timed:
       key = config + ("CPU",)
       row.update({"median_ms": 1000 * float(np.median(times[key])),
-                  "allocator_peak_mb": allocator_peak_mb(steps[key])})
+                  "allocator_peak_mb": build_info.with_allocator_peak(steps[key])[1]})
       if FLAGS.rss:
         # No GPU in the RSS subprocess: a CUDA context would add its own host memory.
         out = subprocess.run([sys.executable, __file__, f"--single={name}:{batch}:{method}"],
