@@ -133,14 +133,16 @@ def _make(name, votes, accountant, noise_seed):
                                accountant=accountant)
 
 
-def _train_student(labels, query_idx, public, seed_offset=0):
+def _train_student(labels, query_idx, public, seed_offset=0, steps=None):
+  """A student on the queries with a label (``labels >= 0``; -1: none), or None if there is
+  none; ``steps`` defaults to ``--student_steps``."""
   from tf_dpkit.pate import student  # pylint: disable=g-import-not-at-top
   have = labels >= 0
   if not np.any(have):
     return None
   return student.train_student(
       public[0][query_idx[have]], labels[have], public[0], method=FLAGS.student,
-      steps=FLAGS.student_steps, seed=FLAGS.seed + seed_offset)
+      steps=FLAGS.student_steps if steps is None else steps, seed=FLAGS.seed + seed_offset)
 
 
 def _plots(out, curve, accuracy_points, name):
@@ -251,12 +253,10 @@ def main(argv):
   if rounds > 1:
     lo = 0
     for r, size in enumerate(sizes):
-      if r:
-        have = labels[:lo] >= 0
-        if np.any(have):
-          selector = student.train_student(
-              public[0][query_idx[:lo][have]], labels[:lo][have], public[0],
-              method=FLAGS.student, steps=FLAGS.selection_student_steps, seed=FLAGS.seed + 50 + r)
+      if r:  # labels[lo:] are still -1, so the selector learns from the rounds so far
+        selector = _train_student(labels, query_idx, public, seed_offset=50 + r,
+                                  steps=FLAGS.selection_student_steps)
+        if selector is not None:
           query_idx[lo:lo + size] = student.least_confident(selector, public[0], size,
                                                             exclude=query_idx[:lo])
         else:  # nothing released yet: nothing to learn from, so draw at random
@@ -264,7 +264,7 @@ def main(argv):
           query_idx[lo:lo + size] = np.sort(np.random.default_rng(FLAGS.seed + r).choice(
               rest, size, replace=False))
         print(f"selection round {r + 1}/{rounds}: {size} queries chosen by "
-              f"{'margin' if np.any(have) else 'random draw (no labels yet)'}", flush=True)
+              f"{'random draw (no labels yet)' if selector is None else 'margin'}", flush=True)
       round_seed = None if FLAGS.noise_seed is None else FLAGS.noise_seed + r
       ask(_make(FLAGS.aggregator, ensemble.votes(public[0][query_idx[lo:lo + size]]),
                 accountant, round_seed), positions[lo:lo + size], offset=lo)
@@ -328,13 +328,12 @@ def main(argv):
           flush=True)
 
   true_label_acc = None
-  if FLAGS.true_label_baseline_steps and np.any(labels >= 0):
-    have = labels >= 0
-    oracle = student.train_student(public[0][query_idx[have]], truth[have], public[0],
-                                   method=FLAGS.student, steps=FLAGS.true_label_baseline_steps,
-                                   seed=FLAGS.seed)
+  oracle = (_train_student(np.where(labels >= 0, truth, -1), query_idx, public,
+                           steps=FLAGS.true_label_baseline_steps)
+            if FLAGS.true_label_baseline_steps else None)
+  if oracle is not None:
     true_label_acc = student.accuracy(oracle, *evaluation)
-    print(f"true-label student (diagnostic): labels={int(have.sum())} "
+    print(f"true-label student (diagnostic): labels={int(np.sum(labels >= 0))} "
           f"test_accuracy={true_label_acc:.4f}", flush=True)
 
   # 4. Privacy.

@@ -145,3 +145,16 @@ def test_selection_flags_outside_their_range_are_refused_naming_the_flag(tmp_pat
   assert result.returncode != 0
   assert message in result.stderr
   assert "teachers epoch" not in result.stdout  # refused before any training
+
+
+@pytest.mark.slow  # about 10 s end to end
+def test_margin_selection_draws_at_random_while_nothing_is_released(tmp_path):
+  # A threshold no vote count reaches: round 1 releases no label, so round 2 has no student
+  # to ask and draws its queries at random; both rounds' checks are still accounted.
+  results, out = _run(tmp_path, "--selection=margin", "--selection_rounds=2",
+                      "--selection_student_steps=20", "--noise_seed=1", *SMALL,
+                      "--threshold=1000")
+  assert "selection round 2/2: 32 queries chosen by random draw (no labels yet)" in out
+  assert results["queries"] == 64 and results["answered"] == 0
+  assert results["epsilon_data_independent"] == pytest.approx(
+      _independent_epsilon(results, 3.0, 2.0), rel=1e-9)

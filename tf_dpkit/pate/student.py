@@ -181,7 +181,7 @@ def least_confident(model, x, k: int, exclude=None) -> np.ndarray:
   Args:
     model: a Keras model with logits output (e.g. from :func:`train_student`).
     x: public images ``[N, H, W(, C)]``.
-    k: how many to choose, an integer in [0, N - len(exclude)].
+    k: how many to choose, an integer in [0, number of images not excluded].
     exclude: indices into ``x`` never chosen (e.g. images already queried), or None.
   """
   x = _as_images(x, "x")

@@ -389,16 +389,19 @@ class TeacherEnsemble:
     from tf_dpkit import _autograph  # pylint: disable=g-import-not-at-top
     batch_size = _checks.check_integer("batch_size", batch_size, minimum=1)
     x = self._images(x, "x")
-    t = self.num_teachers
-    model = self.model
+    model, predict = getattr(self, "_predict", (None, None))
+    if model is not self.model:  # traced once per model, not once per call
+      model, t = self.model, self.num_teachers
 
-    @_autograph.function(reduce_retracing=True)
-    def predict(images):
-      return model(tf.tile(images, (1, 1, 1, t)), training=False)
+      @_autograph.function(reduce_retracing=True)
+      def predict(images):
+        return model(tf.tile(images, (1, 1, 1, t)), training=False)
+      self._predict = (model, predict)
 
     out = [predict(tf.constant(x[i:i + batch_size])).numpy()
            for i in range(0, len(x), batch_size)]
-    return np.concatenate(out) if out else np.zeros((0, t, self.num_classes), np.float32)
+    return (np.concatenate(out) if out
+            else np.zeros((0, self.num_teachers, self.num_classes), np.float32))
 
   def predictions(self, x, batch_size: int = 256) -> np.ndarray:
     """Each teacher's predicted class ``[N, T]`` (private; do not publish)."""

@@ -189,3 +189,22 @@ def test_teachers_trained_without_privacy_refuse_pickle_but_copy_in_process():
   with pytest.raises(TypeError, match="TeacherEnsemble holds teachers trained without privacy"):
     pickle.dumps(ensemble)
   assert copy.copy(ensemble).num_teachers == 2
+
+
+def test_teacher_predictions_are_traced_once_per_model_not_once_per_call():
+  ensemble = pate.TeacherEnsemble(2, (8, 8, 1), 3, conv_filters=(2,), hidden_units=0)
+  x = np.random.default_rng(0).random((6, 8, 8)).astype(np.float32)
+  first = ensemble.predict_logits(x, batch_size=3)
+  model, predict = ensemble._predict  # pylint: disable=protected-access
+  again = ensemble.predict_logits(x, batch_size=3)  # same batch shape: no new trace
+  assert ensemble._predict[1] is predict  # pylint: disable=protected-access
+  assert predict.experimental_get_tracing_count() == 1
+  np.testing.assert_array_equal(first, again)
+  assert ensemble.predict_logits(x[:0]).shape == (0, 2, 3)
+  # A replaced model gets its own function: predictions follow the model in use.
+  ensemble.model = pate.build_teacher_model(2, (8, 8, 1), 3, conv_filters=(2,), hidden_units=0)
+  assert model is not ensemble.model
+  np.testing.assert_allclose(ensemble.predict_logits(x),
+                             ensemble.model(np.tile(x[..., None], (1, 1, 1, 2))).numpy(),
+                             rtol=1e-5, atol=1e-6)
+  assert ensemble._predict[0] is ensemble.model  # pylint: disable=protected-access
