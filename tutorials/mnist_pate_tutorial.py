@@ -216,10 +216,13 @@ def main(argv):
                verbose=True)
   teacher_seconds = time.time() - start
   teacher_acc = ensemble.accuracy(*evaluation)
+  teacher_val_acc = ensemble.accuracy(*validation) if len(validation[0]) else None
   print(f"teachers: num_teachers={FLAGS.num_teachers} "
         f"shard_size={len(x_priv) // FLAGS.num_teachers} "
         f"mean_accuracy={teacher_acc.mean():.4f} min={teacher_acc.min():.4f} "
-        f"max={teacher_acc.max():.4f} train_seconds={teacher_seconds:.1f}", flush=True)
+        f"max={teacher_acc.max():.4f} train_seconds={teacher_seconds:.1f}"
+        + ("" if teacher_val_acc is None
+           else f" mean_validation_accuracy={teacher_val_acc.mean():.4f}"), flush=True)
 
   # 2. Votes on the public queries, sealed; noisy answers, accounted per query.
   # Round r asks sizes[r] queries; the first round's images are drawn at random.
@@ -349,6 +352,8 @@ def main(argv):
       "teacher_accuracy_mean": float(teacher_acc.mean()),
       "teacher_accuracy_min": float(teacher_acc.min()),
       "teacher_accuracy_max": float(teacher_acc.max()),
+      "teacher_validation_accuracy_mean": (None if teacher_val_acc is None
+                                           else float(teacher_val_acc.mean())),
       "queries": int(accountant.queries), "answered": int(accountant.answered),
       "selection": FLAGS.selection, "selection_rounds": rounds,
       "selection_student_steps": FLAGS.selection_student_steps if rounds > 1 else None,

@@ -54,9 +54,13 @@ def test_small_run_writes_results_model_and_plots(tmp_path, aggregator):
   assert results["validation_examples"] == held_out
   if held_out:
     assert results["validation_accuracy"] > 0.2  # chance: 0.1
+    # The teachers are scored on the validation split too (for choosing their settings).
+    assert 0.2 < results["teacher_validation_accuracy_mean"] <= 1.0
+    assert "mean_validation_accuracy=" in out
     assert all(p["validation_accuracy"] is not None for p in results["accuracy_points"])
   else:
     assert results["validation_accuracy"] is None
+    assert results["teacher_validation_accuracy_mean"] is None
   assert results["true_label_baseline_steps"] == true_steps
   if true_steps:
     assert results["student_accuracy_true_labels"] > 0.2  # chance: 0.1
