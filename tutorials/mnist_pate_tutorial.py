@@ -75,6 +75,11 @@ flags.DEFINE_enum("student", "fixmatch", ["fixmatch", "supervised"],
                   "fixmatch: also learn from all public images without labels; supervised: the "
                   "released labels only.")
 flags.DEFINE_integer("student_steps", 1500, "Student optimiser steps.")
+flags.DEFINE_float("student_label_drop", 0.0,
+                   "Fraction in [0, 0.9] of each labelled batch the student leaves out after a "
+                   "warm-up of 20% of its steps: the highest-loss examples, likely wrong labels "
+                   "(train_student's label_drop, the small-loss rule). Also used by the true-label "
+                   "diagnostic; --selection=margin's selecting students train without it.")
 flags.DEFINE_integer("supervised_baseline_steps", 500,
                      "With --student=fixmatch, also train a supervised-only student on the same "
                      "labels for this many steps, for comparison (0: skip).")
@@ -133,16 +138,17 @@ def _make(name, votes, accountant, noise_seed):
                                accountant=accountant)
 
 
-def _train_student(labels, query_idx, public, seed_offset=0, steps=None):
+def _train_student(labels, query_idx, public, seed_offset=0, steps=None, label_drop=None):
   """A student on the queries with a label (``labels >= 0``; -1: none), or None if there is
-  none; ``steps`` defaults to ``--student_steps``."""
+  none; ``steps`` defaults to ``--student_steps``, ``label_drop`` to ``--student_label_drop``."""
   from tf_dpkit.pate import student  # pylint: disable=g-import-not-at-top
   have = labels >= 0
   if not np.any(have):
     return None
   return student.train_student(
       public[0][query_idx[have]], labels[have], public[0], method=FLAGS.student,
-      steps=FLAGS.student_steps if steps is None else steps, seed=FLAGS.seed + seed_offset)
+      steps=FLAGS.student_steps if steps is None else steps, seed=FLAGS.seed + seed_offset,
+      label_drop=FLAGS.student_label_drop if label_drop is None else label_drop)
 
 
 def _plots(out, curve, accuracy_points, name):
@@ -196,6 +202,8 @@ def main(argv):
   (x_priv, y_priv), public, validation, evaluation = _load()
   if not 1 <= FLAGS.queries <= len(public[0]):
     raise flags.ValidationError(f"--queries must be in [1, {len(public[0])}].")
+  if not 0.0 <= FLAGS.student_label_drop <= 0.9:
+    raise flags.ValidationError("--student_label_drop must be in [0, 0.9].")
   rounds = 1
   if FLAGS.selection == "margin":
     if FLAGS.aggregator == "interactive_gnmax":
@@ -258,7 +266,7 @@ def main(argv):
     for r, size in enumerate(sizes):
       if r:  # labels[lo:] are still -1, so the selector learns from the rounds so far
         selector = _train_student(labels, query_idx, public, seed_offset=50 + r,
-                                  steps=FLAGS.selection_student_steps)
+                                  steps=FLAGS.selection_student_steps, label_drop=0.0)
         if selector is not None:
           query_idx[lo:lo + size] = student.least_confident(selector, public[0], size,
                                                             exclude=query_idx[:lo])
@@ -360,6 +368,7 @@ def main(argv):
       "student_labeled": int(student_labeled.sum()),
       "answered_label_accuracy": answered_acc, "released_label_accuracy": labeled_acc,
       "student": FLAGS.student, "student_steps": FLAGS.student_steps,
+      "student_label_drop": FLAGS.student_label_drop,
       "student_accuracy_supervised_only": supervised_acc,
       "student_accuracy_true_labels": true_label_acc,
       "true_label_baseline_steps": FLAGS.true_label_baseline_steps,

@@ -46,9 +46,11 @@ def _independent_epsilon(results, sigma1, sigma2):
 def test_small_run_writes_results_model_and_plots(tmp_path, aggregator):
   held_out = 100 if aggregator == "confident_gnmax" else 0  # --validation_size on one of them
   true_steps = 60 if aggregator == "confident_gnmax" else 0  # the diagnostic on one of them
+  drop = 0.25 if aggregator == "confident_gnmax" else 0.0  # the small-loss rule on one of them
   results, out = _run(tmp_path, f"--aggregator={aggregator}", "--noise_seed=1",
-                      f"--validation_size={held_out}",
+                      f"--validation_size={held_out}", f"--student_label_drop={drop}",
                       f"--true_label_baseline_steps={true_steps}", *SMALL)
+  assert results["student_label_drop"] == drop
   assert KEYS <= set(results)
   assert results["public_examples"] == 600 - held_out
   assert results["validation_examples"] == held_out
@@ -140,9 +142,10 @@ def test_margin_selection_asks_later_rounds_from_a_student_and_accounts_every_qu
     (["--selection=margin", "--selection_rounds=65"], "--selection_rounds must be in [2, 64]"),
     (["--selection=margin", "--selection_student_steps=0"],
      "--selection_student_steps must be >= 1"),
+    (["--student_label_drop=0.95"], "--student_label_drop must be in [0, 0.9]"),
+    (["--student_label_drop=-0.1"], "--student_label_drop must be in [0, 0.9]"),
 ])
-def test_selection_flags_outside_their_range_are_refused_naming_the_flag(tmp_path, flags,
-                                                                          message):
+def test_selection_and_student_flags_outside_their_range_are_refused(tmp_path, flags, message):
   env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
   result = subprocess.run([sys.executable, SCRIPT, f"--output_dir={tmp_path}", *SMALL, *flags],
                           capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)

@@ -14,6 +14,10 @@ privacy.  Two training modes:
   zeroed square: cutout).  PATE 2018's students were semi-supervised too (a GAN-based method);
   this is a cheaper one that fits a 2-core CPU.
 
+Released labels can be wrong.  ``label_drop`` applies the small-loss rule of learning with noisy
+labels (Han et al. 2018, "Co-teaching"): networks fit clean labels before they memorise wrong
+ones, so after a warm-up each labelled batch leaves out its highest-loss examples.
+
 :func:`least_confident` picks the public images a student is least sure about, for querying
 them next (active selection; also post-processing).
 """
@@ -61,7 +65,8 @@ def train_student(x_labeled, y_labeled, x_unlabeled=None, *, method: str = "fixm
                   model=None, steps: int = 1500, batch_size: int = 32, unlabeled_ratio: int = 3,
                   confidence: float = 0.95, unlabeled_weight: float = 1.0,
                   learning_rate: float = 1e-3, seed: int = 0, verbose: bool = False,
-                  num_classes: int = 10):
+                  num_classes: int = 10, label_drop: float = 0.0,
+                  label_drop_warmup: float = 0.2):
   """Trains and returns the student (a Keras model with logits output).
 
   Args:
@@ -80,6 +85,11 @@ def train_student(x_labeled, y_labeled, x_unlabeled=None, *, method: str = "fixm
       calls ``keras.utils.set_random_seed``, which seeds the global generators too).
     verbose: print progress every ~10% of the steps.
     num_classes: K, integer >= 2.
+    label_drop: fraction f in [0, 1) of each labelled batch left out of the loss after the
+      warm-up: the ``round(f * batch_size)`` examples with the largest cross-entropy
+      (:func:`small_loss_mask`); at least one example is always kept.  0 (default): none.
+    label_drop_warmup: fraction in [0, 1] of ``steps`` trained on every labelled example before
+      ``label_drop`` starts.
   """
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -93,6 +103,13 @@ def train_student(x_labeled, y_labeled, x_unlabeled=None, *, method: str = "fixm
   learning_rate = _checks.check_finite_positive("learning_rate", learning_rate)
   seed = _checks.check_integer("seed", seed, minimum=0)
   num_classes = _checks.check_integer("num_classes", num_classes, minimum=2)
+  label_drop = _checks.check_finite_nonnegative("label_drop", label_drop)
+  keep = batch_size - int(round(label_drop * batch_size))
+  if label_drop >= 1.0 or keep < 1:
+    raise ValueError(f"label_drop must be in [0, 1) and keep at least one of the batch_size="
+                     f"{batch_size} labelled examples, got {label_drop!r}.")
+  label_drop_warmup = _checks.check_probability("label_drop_warmup", label_drop_warmup)
+  drop_from = int(math.ceil(label_drop_warmup * steps))
   x_l = _as_images(x_labeled, "x_labeled")
   y_l = np.asarray(y_labeled)
   if len(x_l) < 1 or y_l.shape != (len(x_l),):
@@ -140,7 +157,12 @@ def train_student(x_labeled, y_labeled, x_unlabeled=None, *, method: str = "fixm
         logits_l, logits_u = logits[:batch_size], logits[batch_size:]
       else:
         logits_l = model(xl, training=True)
-      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(yl, logits_l))
+      ce = tf.nn.sparse_softmax_cross_entropy_with_logits(yl, logits_l)
+      if keep < batch_size:
+        weight = tf.where(i >= drop_from, small_loss_mask(ce, keep), tf.ones_like(ce))
+        loss = tf.reduce_sum(ce * weight) / tf.reduce_sum(weight)
+      else:
+        loss = tf.reduce_mean(ce)
       if semi:
         loss_u = tf.reduce_mean(
             mask * tf.nn.sparse_softmax_cross_entropy_with_logits(pseudo, logits_u))
@@ -158,6 +180,15 @@ def train_student(x_labeled, y_labeled, x_unlabeled=None, *, method: str = "fixm
             f"pseudo_labeled_fraction={float(used):.3f} elapsed={time.time() - start:.1f}s",
             flush=True)
   return model
+
+
+def small_loss_mask(losses, keep: int):
+  """Float mask ``[n]``: 1 at the ``keep`` smallest of ``losses`` ``[n]``, 0 elsewhere (ties
+  broken by position, as ``tf.math.top_k``); no gradient flows through it.  ``1 <= keep <= n``."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  losses = tf.stop_gradient(tf.convert_to_tensor(losses))
+  kept = tf.math.top_k(-losses, k=keep).indices
+  return tf.scatter_nd(kept[:, None], tf.ones([keep], losses.dtype), tf.shape(losses))
 
 
 def predict_probabilities(model, x, batch_size: int = 512) -> np.ndarray:
