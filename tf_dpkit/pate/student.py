@@ -105,7 +105,7 @@ def train_student(x_labeled, y_labeled, x_unlabeled=None, *, method: str = "fixm
   num_classes = _checks.check_integer("num_classes", num_classes, minimum=2)
   label_drop = _checks.check_finite_nonnegative("label_drop", label_drop)
   keep = batch_size - int(round(label_drop * batch_size))
-  if label_drop >= 1.0 or keep < 1:
+  if keep < 1:  # also every label_drop >= 1
     raise ValueError(f"label_drop must be in [0, 1) and keep at least one of the batch_size="
                      f"{batch_size} labelled examples, got {label_drop!r}.")
   label_drop_warmup = _checks.check_probability("label_drop_warmup", label_drop_warmup)
