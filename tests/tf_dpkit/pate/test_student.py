@@ -100,3 +100,50 @@ def test_label_drop_arguments_are_checked_naming_them(kwargs, name):
   x = np.zeros((4, 28, 28), np.uint8)
   with pytest.raises(ValueError, match=name):
     pate.train_student(x, np.zeros(4, np.int64), method="supervised", steps=1, **kwargs)
+
+
+def _layer_kinds(model):
+  return [type(layer).__name__ for layer in model.layers]
+
+
+def test_the_batch_norm_student_normalises_after_each_hidden_layer_and_saves(tmp_path):
+  plain = pate.build_student_model()
+  bn = pate.build_student_model(architecture="cnn_bn")
+  assert "BatchNormalization" not in _layer_kinds(plain)
+  # Each of the three hidden layers (two convolutions, Dense(128)) is followed by batch
+  # normalisation and has no bias of its own; the shapes of the weights are otherwise the same.
+  kinds = _layer_kinds(bn)
+  assert kinds.count("BatchNormalization") == 3
+  for i, kind in enumerate(kinds):
+    if kind == "BatchNormalization":
+      assert kinds[i - 1] in ("Conv2D", "Dense") and not bn.layers[i - 1].use_bias
+      assert kinds[i + 1] == "ReLU"
+  kernels = lambda m: [w.shape for w in m.weights if w.name == "kernel"]  # noqa: E731
+  assert kernels(plain) == kernels(bn)
+  assert bn.output_shape == (None, 10)
+  # Only standard layers: the saved student reloads without custom objects, same outputs.
+  x = np.random.default_rng(0).uniform(size=(3, 28, 28, 1)).astype(np.float32)
+  bn.save(tmp_path / "student.keras")
+  again = keras.models.load_model(tmp_path / "student.keras")
+  np.testing.assert_allclose(again(x, training=False), bn(x, training=False), rtol=1e-5)
+
+
+def test_train_student_builds_the_architecture_it_is_given():
+  x = np.random.default_rng(1).integers(0, 256, (8, 28, 28), dtype=np.uint8)
+  model = pate.train_student(x, np.arange(8) % 10, x, steps=2, architecture="cnn_bn")
+  assert _layer_kinds(model).count("BatchNormalization") == 3
+  # The moving statistics moved: the batches (public images) were used in training mode.
+  moving_mean = [w for w in model.weights if "moving_mean" in w.path][0]
+  assert np.any(np.asarray(moving_mean) != 0.0)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: pate.build_student_model(architecture="resnet"),
+    lambda: pate.train_student(np.zeros((2, 28, 28), np.uint8), np.zeros(2, np.int64),
+                               method="supervised", steps=1, architecture="cnn-bn"),
+    lambda: pate.train_student(np.zeros((2, 28, 28), np.uint8), np.zeros(2, np.int64),
+                               method="supervised", steps=1, architecture="cnn_bn",
+                               model=pate.build_student_model())])
+def test_architecture_is_checked_naming_it(call):
+  with pytest.raises(ValueError, match="architecture"):
+    call()
