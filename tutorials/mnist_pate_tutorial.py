@@ -77,7 +77,8 @@ flags.DEFINE_enum("student", "fixmatch", ["fixmatch", "supervised"],
 flags.DEFINE_integer("student_steps", 1500, "Student optimiser steps.")
 flags.DEFINE_enum("student_model", "cnn", ["cnn", "cnn_bn"],
                   "The student's network (pate.build_student_model): cnn, or cnn_bn with batch "
-                  "normalisation (about 1.5x the time; the selecting students use it too).")
+                  "normalisation (about 1.5x the time; every student of the run uses it and then "
+                  "needs >= 1000 steps).")
 flags.DEFINE_float("student_label_drop", 0.0,
                    "Fraction in [0, 0.9] of each labelled batch the student leaves out after a "
                    "warm-up of 20% of its steps: the highest-loss examples, likely wrong labels "
@@ -208,6 +209,18 @@ def main(argv):
     raise flags.ValidationError(f"--queries must be in [1, {len(public[0])}].")
   if not 0.0 <= FLAGS.student_label_drop <= 0.9:
     raise flags.ValidationError("--student_label_drop must be in [0, 0.9].")
+  if FLAGS.student_model == "cnn_bn":  # every student the run trains uses this network
+    steps = {"--student_steps": FLAGS.student_steps}
+    if FLAGS.selection == "margin":
+      steps["--selection_student_steps"] = FLAGS.selection_student_steps
+    if FLAGS.student == "fixmatch" and FLAGS.supervised_baseline_steps:
+      steps["--supervised_baseline_steps"] = FLAGS.supervised_baseline_steps
+    if FLAGS.true_label_baseline_steps:
+      steps["--true_label_baseline_steps"] = FLAGS.true_label_baseline_steps
+    for name, value in steps.items():
+      if value < student.MIN_BN_STEPS:
+        raise flags.ValidationError(f"{name} must be >= {student.MIN_BN_STEPS} with "
+                                    f"--student_model=cnn_bn (or 0 where 0 skips it).")
   rounds = 1
   if FLAGS.selection == "margin":
     if FLAGS.aggregator == "interactive_gnmax":

@@ -51,6 +51,7 @@ def test_small_run_writes_results_model_and_plots(tmp_path, aggregator):
                       f"--validation_size={held_out}", f"--student_label_drop={drop}",
                       f"--true_label_baseline_steps={true_steps}", *SMALL)
   assert results["student_label_drop"] == drop
+  assert results["student_model"] == "cnn"  # the default network
   assert KEYS <= set(results)
   assert results["public_examples"] == 600 - held_out
   assert results["validation_examples"] == held_out
@@ -119,12 +120,17 @@ def test_validation_size_outside_its_range_is_refused_naming_the_flag(tmp_path, 
   assert "--validation_size must be in [0, 599]" in result.stderr
 
 
-@pytest.mark.slow  # about 12 s end to end; pate.least_confident is unit-tested by default
+@pytest.mark.slow  # about 60 s end to end; pate.least_confident is unit-tested by default
 def test_margin_selection_asks_later_rounds_from_a_student_and_accounts_every_query(tmp_path):
   results, out = _run(tmp_path, "--selection=margin", "--selection_rounds=2",
-                      "--selection_student_steps=20", "--noise_seed=1", *SMALL)
+                      "--selection_student_steps=1000", "--noise_seed=1",
+                      "--student_model=cnn_bn", *SMALL, "--student_steps=1000")
+  assert results["student_model"] == "cnn_bn"
+  import keras  # pylint: disable=g-import-not-at-top
+  saved = keras.models.load_model(tmp_path / "student.keras")  # no custom objects needed
+  assert sum(type(layer).__name__ == "BatchNormalization" for layer in saved.layers) == 3
   assert results["selection"] == "margin" and results["selection_rounds"] == 2
-  assert results["selection_student_steps"] == 20
+  assert results["selection_student_steps"] == 1000
   assert "selection round 2/2: 32 queries chosen by margin" in out
   assert results["queries"] == 64 and 0 < results["answered"] <= 64
   # Both rounds' queries are composed: the data-independent epsilon is that of all 64.
@@ -144,6 +150,15 @@ def test_margin_selection_asks_later_rounds_from_a_student_and_accounts_every_qu
      "--selection_student_steps must be >= 1"),
     (["--student_label_drop=0.95"], "--student_label_drop must be in [0, 0.9]"),
     (["--student_label_drop=-0.1"], "--student_label_drop must be in [0, 0.9]"),
+    (["--student_model=resnet"], "--student_model=resnet: value should be one of <cnn|cnn_bn>"),
+    (["--student_model=cnn_bn"], "--student_steps must be >= 1000 with --student_model=cnn_bn"),
+    (["--student_model=cnn_bn", "--student_steps=1000", "--selection=margin",
+      "--selection_student_steps=999"],
+     "--selection_student_steps must be >= 1000 with --student_model=cnn_bn"),
+    (["--student_model=cnn_bn", "--student_steps=1000", "--true_label_baseline_steps=10"],
+     "--true_label_baseline_steps must be >= 1000 with --student_model=cnn_bn"),
+    (["--student_model=cnn_bn", "--student_steps=1000", "--student=fixmatch"],
+     "--supervised_baseline_steps must be >= 1000 with --student_model=cnn_bn"),
 ])
 def test_selection_and_student_flags_outside_their_range_are_refused(tmp_path, flags, message):
   env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}

@@ -34,6 +34,7 @@ METHODS = ("supervised", "fixmatch")
 
 
 ARCHITECTURES = ("cnn", "cnn_bn")
+MIN_BN_STEPS = 1000  # fewest steps train_student accepts for architecture="cnn_bn"
 
 
 def build_student_model(input_shape=(28, 28, 1), num_classes: int = 10,
@@ -44,7 +45,10 @@ def build_student_model(input_shape=(28, 28, 1), num_classes: int = 10,
     -> Flatten -> Dense(128, relu) -> Dropout(0.3) -> Dense(num_classes).
   * ``"cnn_bn"``: the same layers with batch normalisation after each convolution and the
     Dense(128) layer (before the relu; those layers then have no bias).  About 1.5x the
-    training time of ``"cnn"``; it fits few noisy labels better (docs/guides/pate.md).
+    training time of ``"cnn"``; it fits few noisy labels better (docs/guides/pate.md).  Its
+    moving statistics (Keras's momentum 0.99) lag the training: after 400 steps of
+    :func:`train_student` its evaluation-mode predictions were at chance, after 700 they were
+    not, so :func:`train_student` builds it only for ``steps >= MIN_BN_STEPS`` (1000).
 
   Only standard Keras layers, so ``model.save("student.keras")`` needs no custom objects.
   Batch statistics are over public images only, so they cost no privacy.
@@ -108,7 +112,8 @@ def train_student(x_labeled, y_labeled, x_unlabeled=None, *, method: str = "fixm
     label_drop_warmup: fraction in [0, 1] of ``steps`` trained on every labelled example before
       ``label_drop`` starts.
     architecture: one of :data:`ARCHITECTURES` (:func:`build_student_model`); only used when
-      ``model`` is None, and an error otherwise unless it is the default.
+      ``model`` is None, and an error otherwise unless it is the default.  ``"cnn_bn"`` needs
+      ``steps >= MIN_BN_STEPS``.
   """
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -132,6 +137,9 @@ def train_student(x_labeled, y_labeled, x_unlabeled=None, *, method: str = "fixm
   if model is not None and architecture != "cnn":
     raise ValueError("architecture chooses the model built when model is None; pass one of "
                      "them, not both.")
+  if model is None and architecture == "cnn_bn" and steps < MIN_BN_STEPS:
+    raise ValueError(f"steps must be >= {MIN_BN_STEPS} with architecture='cnn_bn' (batch "
+                     f"normalisation's moving statistics lag shorter runs), got {steps}.")
   drop_from = int(math.ceil(label_drop_warmup * steps))
   x_l = _as_images(x_labeled, "x_labeled")
   y_l = np.asarray(y_labeled)

@@ -130,7 +130,8 @@ def test_the_batch_norm_student_normalises_after_each_hidden_layer_and_saves(tmp
 
 def test_train_student_builds_the_architecture_it_is_given():
   x = np.random.default_rng(1).integers(0, 256, (8, 28, 28), dtype=np.uint8)
-  model = pate.train_student(x, np.arange(8) % 10, x, steps=2, architecture="cnn_bn")
+  model = pate.train_student(x, np.arange(8) % 10, method="supervised", batch_size=2,
+                             steps=pate.student.MIN_BN_STEPS, architecture="cnn_bn")
   assert _layer_kinds(model).count("BatchNormalization") == 3
   # The moving statistics moved: the batches (public images) were used in training mode.
   moving_mean = [w for w in model.weights if "moving_mean" in w.path][0]
@@ -143,7 +144,9 @@ def test_train_student_builds_the_architecture_it_is_given():
                                method="supervised", steps=1, architecture="cnn-bn"),
     lambda: pate.train_student(np.zeros((2, 28, 28), np.uint8), np.zeros(2, np.int64),
                                method="supervised", steps=1, architecture="cnn_bn",
-                               model=pate.build_student_model())])
+                               model=pate.build_student_model()),
+    lambda: pate.train_student(np.zeros((2, 28, 28), np.uint8), np.zeros(2, np.int64),
+                               method="supervised", steps=999, architecture="cnn_bn")])
 def test_architecture_is_checked_naming_it(call):
-  with pytest.raises(ValueError, match="architecture"):
+  with pytest.raises(ValueError, match="architecture"):  # the last case also names steps
     call()
