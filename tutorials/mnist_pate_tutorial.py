@@ -210,17 +210,18 @@ def main(argv):
   if not 0.0 <= FLAGS.student_label_drop <= 0.9:
     raise flags.ValidationError("--student_label_drop must be in [0, 0.9].")
   if FLAGS.student_model == "cnn_bn":  # every student the run trains uses this network
-    steps = {"--student_steps": FLAGS.student_steps}
+    step_flags = {"--student_steps": FLAGS.student_steps}  # flag -> steps, for the students run
     if FLAGS.selection == "margin":
-      steps["--selection_student_steps"] = FLAGS.selection_student_steps
+      step_flags["--selection_student_steps"] = FLAGS.selection_student_steps
     if FLAGS.student == "fixmatch" and FLAGS.supervised_baseline_steps:
-      steps["--supervised_baseline_steps"] = FLAGS.supervised_baseline_steps
+      step_flags["--supervised_baseline_steps"] = FLAGS.supervised_baseline_steps
     if FLAGS.true_label_baseline_steps:
-      steps["--true_label_baseline_steps"] = FLAGS.true_label_baseline_steps
-    for name, value in steps.items():
+      step_flags["--true_label_baseline_steps"] = FLAGS.true_label_baseline_steps
+    for name, value in step_flags.items():
       if value < student.MIN_BN_STEPS:
-        raise flags.ValidationError(f"{name} must be >= {student.MIN_BN_STEPS} with "
-                                    f"--student_model=cnn_bn (or 0 where 0 skips it).")
+        raise flags.ValidationError(
+            f"{name} must be >= {student.MIN_BN_STEPS} with --student_model=cnn_bn"
+            + (" (or 0 to skip that student)." if "baseline" in name else "."))
   rounds = 1
   if FLAGS.selection == "margin":
     if FLAGS.aggregator == "interactive_gnmax":

@@ -156,7 +156,7 @@ def test_margin_selection_asks_later_rounds_from_a_student_and_accounts_every_qu
       "--selection_student_steps=999"],
      "--selection_student_steps must be >= 1000 with --student_model=cnn_bn"),
     (["--student_model=cnn_bn", "--student_steps=1000", "--true_label_baseline_steps=10"],
-     "--true_label_baseline_steps must be >= 1000 with --student_model=cnn_bn"),
+     "--true_label_baseline_steps must be >= 1000 with --student_model=cnn_bn (or 0 to skip"),
     (["--student_model=cnn_bn", "--student_steps=1000", "--student=fixmatch"],
      "--supervised_baseline_steps must be >= 1000 with --student_model=cnn_bn"),
 ])
