@@ -66,6 +66,12 @@ flags.DEFINE_boolean("validation", False,
                      "Train on 80% of the training split, evaluate on its other 20%.")
 flags.DEFINE_float("positive_fraction", 0.5,
                    "Public fraction of label-1 rows in the released table (not from the data).")
+flags.DEFINE_boolean("release_shift", False,
+                     "Released rows: a public uniform cyclic shift per row "
+                     "(generative.randomize_rows; post-processing, no privacy cost).")
+flags.DEFINE_float("release_scale_noise", 0.0,
+                   "Released rows: std of the log of a public rescaling factor of each row's "
+                   "deviation from its mean (generative.randomize_rows); 0: none.")
 flags.DEFINE_enum("network", "mlp", ["mlp", "sequence"],
                   "Generator, PATE-GAN student and DP-GAN discriminator: MLPs "
                   "(--generator_hidden, --student_hidden, --discriminator_hidden) or 1-D "
@@ -78,6 +84,14 @@ flags.DEFINE_list("generator_hidden", ["128", "128"], "Hidden widths of the MLP 
 flags.DEFINE_integer("iterations", 2000, "PATE-GAN iterations.")
 flags.DEFINE_integer("num_teachers", 200, "Teacher discriminators (disjoint shards).")
 flags.DEFINE_list("teacher_hidden", ["16"], "Hidden widths of each teacher MLP.")
+flags.DEFINE_enum("teacher_input", "rows", ["rows", "row_statistics"],
+                  "What each teacher reads: the raw row (MLP or --teacher_conv_filters) or only "
+                  "its level, spread and roughness (generative.RowStatistics; "
+                  "teacher_ensemble_discriminator(row_statistics=True)).")
+flags.DEFINE_enum("student", "network", ["network", "statistics"],
+                  "PATE-GAN student: the --network discriminator, or "
+                  "generative.statistics_discriminator (reads RowStatistics only; "
+                  "--student_hidden widths).")
 flags.DEFINE_list("teacher_conv_filters", [],
                   "Per-teacher 1-D convolutions before the hidden layers (filters of each, "
                   "stride 2, width 5; generative.teacher_ensemble_discriminator); empty: MLP "
@@ -94,6 +108,9 @@ flags.DEFINE_float("generator_learning_rate", 1e-3, "Adam learning rate of the g
 flags.DEFINE_enum("vote", "rank", ["threshold", "rank"], "How teachers vote (PATEGAN).")
 flags.DEFINE_float("vote_fraction", 0.5, "Fraction of a query batch voted real (vote=rank).")
 flags.DEFINE_float("query_noise", 0.0, "Std of public noise added to the student's queries.")
+flags.DEFINE_float("query_scale_noise", 0.0,
+                   "Std s of the public log-normal rescaling exp(s e) of each query's deviation "
+                   "from its mean (PATEGAN query_scale_noise).")
 flags.DEFINE_boolean("teacher_class_balance", True,
                      "Class-balanced teacher minibatches, each from the teacher's own shard.")
 # DP-GAN
@@ -143,12 +160,17 @@ def _train_pategan(u, y, private):
         f"{len(u) // FLAGS.num_teachers}) answers planned={queries} GNMax sigma={noise} votes",
         flush=True)
   generator = _generator()
-  student = _discriminator(FLAGS.student_hidden)
+  if FLAGS.student == "statistics":
+    student = generative.statistics_discriminator(2, data.NUM_FEATURES,
+                                                  hidden=_widths(FLAGS.student_hidden))
+  else:
+    student = _discriminator(FLAGS.student_hidden)
   teachers = None
-  if FLAGS.teacher_conv_filters:
+  if FLAGS.teacher_conv_filters or FLAGS.teacher_input == "row_statistics":
     teachers = generative.teacher_ensemble_discriminator(
         FLAGS.num_teachers, 2, (data.NUM_FEATURES,), hidden=_widths(FLAGS.teacher_hidden),
-        conv_filters=_widths(FLAGS.teacher_conv_filters))
+        conv_filters=_widths(FLAGS.teacher_conv_filters),
+        row_statistics=FLAGS.teacher_input == "row_statistics")
   gan = generative.PATEGAN(
       generator, student, latent_dim=FLAGS.latent_dim, num_teachers=FLAGS.num_teachers,
       num_classes=2, noise_scale=noise, teacher_hidden=_widths(FLAGS.teacher_hidden),
@@ -161,7 +183,7 @@ def _train_pategan(u, y, private):
       generator_learning_rate=FLAGS.generator_learning_rate, seed=FLAGS.seed,
       partition_seed=FLAGS.seed, vote=FLAGS.vote, vote_fraction=FLAGS.vote_fraction,
       teacher_class_balance=FLAGS.teacher_class_balance, query_noise=FLAGS.query_noise,
-      delta=FLAGS.delta)
+      query_scale_noise=FLAGS.query_scale_noise, delta=FLAGS.delta)
   run = gan.fit(u, y, iterations=FLAGS.iterations,
                 target_epsilon=FLAGS.target_epsilon if private else None,
                 log_every=FLAGS.log_every)
@@ -200,17 +222,20 @@ def _train_dpgan(u, y, private):
   return generator, run["epsilon"], info
 
 
-def release(generator, num_rows, positive_fraction, seed):
+def release(generator, num_rows, positive_fraction, seed, shift=False, scale_noise=0.0):
   """The released table from the generator alone: ``(x counts [n, 178], y [n])``.
 
   Labels: ``y_i = 1`` for the first ``round(positive_fraction * n)`` rows, then shuffled by
-  ``seed`` (public; never the private label counts).  Features: generator output in [0, 1]
-  mapped back to counts (:func:`data.from_unit`).
+  ``seed`` (public; never the private label counts).  Features: generator output in [0, 1],
+  then (``shift``, ``scale_noise``) :func:`generative.randomize_rows` with public seed
+  ``seed + 1``, mapped back to counts (:func:`data.from_unit`).
   """
   rng = np.random.default_rng(seed)
   y = (np.arange(num_rows) < round(positive_fraction * num_rows)).astype(np.int64)
   rng.shuffle(y)
   u, _ = generative.sample(generator, num_rows, labels=y, seed=seed)
+  if shift or scale_noise:
+    u = generative.randomize_rows(u, shift=shift, log_scale_std=scale_noise, seed=seed + 1)
   return data.from_unit(u), y
 
 
@@ -242,7 +267,8 @@ def main(argv):
     generator.save(path)
     # Below: only the saved generator is used for the release.
     x_syn, y_syn = release(keras.models.load_model(path, compile=False), len(x),
-                           FLAGS.positive_fraction, FLAGS.seed)
+                           FLAGS.positive_fraction, FLAGS.seed, FLAGS.release_shift,
+                           FLAGS.release_scale_noise)
   train_seconds = time.time() - start
   write_csv(os.path.join(FLAGS.output_dir, "synthetic.csv.gz"), x_syn, y_syn)
   tstr = generative.tstr_tabular(x_syn, y_syn, x_eval, y_eval, seed=FLAGS.seed)
@@ -262,6 +288,8 @@ def main(argv):
           "method", "target_epsilon", "seed", "validation", "positive_fraction", "network",
           "latent_dim",
           "generator_hidden", "iterations", "num_teachers", "teacher_hidden", "teacher_conv_filters",
+          "teacher_input", "student", "query_scale_noise", "release_shift",
+          "release_scale_noise",
           "teacher_batch_size", "teacher_steps", "student_steps", "student_batch_size",
           "student_hidden", "generator_batch_size", "teacher_learning_rate",
           "student_learning_rate", "generator_learning_rate", "vote", "vote_fraction",

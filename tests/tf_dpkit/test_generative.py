@@ -408,6 +408,66 @@ def test_sequence_models_shapes_weights_and_checks():
     generative.sequence_discriminator(2, 10, hidden=0)
 
 
+def _row_statistics_by_hand(rows):
+  """RowStatistics' definition in float64 numpy (population variances, floor 1e-6)."""
+  spread = lambda v: 0.5 * np.log(np.var(v, axis=-1) + 1e-6)
+  d1 = np.diff(rows, axis=-1)
+  d2 = np.diff(rows, n=2, axis=-1)
+  return np.stack([10.0 * (rows.mean(-1) - 0.5), spread(rows) + 3.0, spread(d1) + 4.0,
+                   spread(d2) + 4.0], axis=-1)
+
+
+def test_row_statistics_match_numpy_and_known_rows():
+  rng = np.random.default_rng(0)
+  rows = rng.uniform(size=(5, 3, 20))  # any leading axes are batch axes
+  got = generative.RowStatistics()(tf.constant(rows, tf.float32)).numpy()
+  assert got.shape == (5, 3, 4)
+  np.testing.assert_allclose(got, _row_statistics_by_hand(rows), atol=2e-4)
+  # Known rows: a constant row has level 10 (c - 1/2) and every spread at the floor; a sine of
+  # amplitude a (whole periods) has standard deviation a / sqrt(2).
+  const = generative.RowStatistics()(tf.fill((1, 50), 0.7)).numpy()[0]
+  np.testing.assert_allclose(const, [2.0, 0.5 * math.log(1e-6) + 3, 0.5 * math.log(1e-6) + 4,
+                                     0.5 * math.log(1e-6) + 4], atol=1e-4)
+  t = np.arange(100)
+  sine = (0.5 + 0.2 * np.sin(2 * np.pi * t / 25)).astype(np.float32)[None]
+  got = generative.RowStatistics()(tf.constant(sine)).numpy()[0]
+  assert abs(got[0]) < 1e-4
+  assert abs(got[1] - (0.5 * math.log(0.2 ** 2 / 2 + 1e-6) + 3)) < 1e-4
+  # Doubling the deviation from the mean keeps the level and adds log 2 to the spread (to
+  # the difference spreads too, up to the 1e-6 floor, felt by a smooth row's 2nd differences).
+  doubled = 0.5 + 2 * (sine - 0.5)
+  twice = generative.RowStatistics()(tf.constant(doubled)).numpy()[0]
+  assert abs(twice[0] - got[0]) < 1e-4 and abs(twice[1] - got[1] - math.log(2)) < 1e-4
+  np.testing.assert_allclose(twice, _row_statistics_by_hand(doubled.astype(np.float64))[0],
+                             atol=2e-4)
+  with pytest.raises(ValueError, match="length >= 3"):
+    generative.RowStatistics()(tf.zeros((2, 2)))
+
+
+def test_statistics_discriminator_reads_the_row_only_through_its_statistics():
+  d = generative.statistics_discriminator(2, 30, hidden=(5, 4))
+  # Dense (4 + 2) * 5 + 5, Dense 5 * 4 + 4, logit 4 + 1.
+  assert d.count_params() == (6 * 5 + 5) + (5 * 4 + 4) + 5
+  rng = np.random.default_rng(1)
+  row = rng.uniform(size=(1, 30)).astype(np.float32)
+  y = np.eye(2, dtype=np.float32)[[1]]
+  shifted = np.roll(row, 7, axis=1)  # a cyclic shift keeps level and spread, not the diffs
+  reversed_row = row[:, ::-1].copy()  # reversal keeps all four statistics
+  assert abs(float(d([row, y])[0, 0]) - float(d([reversed_row, y])[0, 0])) < 1e-5
+  assert d([shifted, y]).shape == (1, 1)
+  assert len(generative.statistics_discriminator(None, 10).inputs) == 1
+  with pytest.raises(ValueError, match=r"length must be an integer in \[3, inf\]"):
+    generative.statistics_discriminator(2, 2)
+  with pytest.raises(ValueError, match="hidden must hold at least one"):
+    generative.statistics_discriminator(2, 10, hidden=())
+  # Saved and reloaded without custom objects (the layer is registered).
+  path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "statistics_discriminator_test.keras")
+  d.save(path)
+  again = keras.models.load_model(path, compile=False)
+  os.remove(path)
+  np.testing.assert_allclose(again([row, y]).numpy(), d([row, y]).numpy(), atol=1e-6)
+
+
 def test_projection_discriminator_logit_and_weights_by_hand():
   """logit = w . h + b + (V h) . y, h the last hidden features; weights counted by hand."""
   keras.utils.set_random_seed(2)
@@ -591,3 +651,48 @@ def test_a_dpgan_holding_its_noise_key_refuses_pickle():
   import pickle  # pylint: disable=g-import-not-at-top
   with pytest.raises(TypeError, match="holds the secret noise key: it cannot be pickled"):
     pickle.dumps(_gan(noise_multiplier=1.0))
+
+
+def test_randomize_rows_shifts_and_rescales_by_hand():
+  rng = np.random.default_rng(3)
+  rows = rng.uniform(0.3, 0.7, size=(6, 9)).astype(np.float32)
+  same = generative.randomize_rows(rows, shift=False, log_scale_std=0.0)
+  np.testing.assert_array_equal(same, rows)
+  shifted = generative.randomize_rows(rows, shift=True, seed=11)
+  # The offsets are the seed's first integers draw; each row is np.roll of itself by its own.
+  offsets = np.random.default_rng(11).integers(0, 9, 6)
+  np.testing.assert_array_equal(shifted, np.stack([np.roll(r, o) for r, o in zip(rows, offsets)]))
+  # Rescaling: same mean, deviation times exp(s e) with e the seed's normals (after the shift's
+  # integers when shifting; alone here).
+  s = 0.4
+  scaled = generative.randomize_rows(rows, shift=False, log_scale_std=s, seed=5)
+  factor = np.exp(s * np.random.default_rng(5).standard_normal(6))
+  mean = rows.mean(1, keepdims=True)
+  np.testing.assert_allclose(scaled, mean + (rows - mean) * factor[:, None], atol=1e-6)
+  # Values are clipped to [low, high].
+  wide = generative.randomize_rows(np.array([[0.0, 1.0, 0.5]], np.float32), shift=False,
+                                   log_scale_std=3.0, seed=0, low=0.1, high=0.9)
+  assert wide.min() >= 0.1 and wide.max() <= 0.9
+  # scale_about_mean on images: each example keeps its mean, its deviation scales.
+  images = rng.uniform(size=(3, 4, 4, 1)).astype(np.float32)
+  out = generative.scale_about_mean(images, [1.0, 2.0, 0.5]).numpy()
+  m = images.mean(axis=(1, 2, 3), keepdims=True)
+  np.testing.assert_allclose(out, m + (images - m) * np.array([1.0, 2.0, 0.5])[:, None, None, None],
+                             atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(rows=np.zeros((3,))), r"finite \[n, L\] array"),
+    (dict(rows=np.full((2, 3), np.nan)), r"finite \[n, L\] array"),
+    (dict(shift=1), "shift must be True or False"),
+    (dict(log_scale_std=-0.1), "log_scale_std"),
+    (dict(seed=-1), "seed"),
+    (dict(low=1.0, high=0.0), "low and high"),
+    (dict(high=math.inf), "low and high"),
+])
+def test_randomize_rows_refusals_name_the_argument(kwargs, match):
+  args = dict(rows=np.zeros((2, 3), np.float32))
+  args.update(kwargs)
+  rows = args.pop("rows")
+  with pytest.raises(ValueError, match=match):
+    generative.randomize_rows(rows, **args)

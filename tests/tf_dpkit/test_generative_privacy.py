@@ -116,11 +116,15 @@ def _cross_shard_gradient(gan):
   return worst
 
 
-@pytest.mark.parametrize("teachers", ["mlp", "conv1d"])
+@pytest.mark.parametrize("teachers", ["mlp", "conv1d", "row_statistics"])
 def test_teacher_gradient_ignores_other_shards_and_a_mutant_is_caught(monkeypatch, teachers):
-  """MLP teachers and teachers with per-teacher 1-D convolutions (TeacherConv1D)."""
+  """MLP teachers, teachers with per-teacher 1-D convolutions (TeacherConv1D) and teachers
+  that read the rows' statistics (RowStatistics on each teacher's slice)."""
   if teachers == "mlp":
     gan = _gan()
+  elif teachers == "row_statistics":
+    gan = _gan(teachers=pg.teacher_ensemble_discriminator(TEACHERS, K, SHAPE, hidden=(5,),
+                                                          row_statistics=True))
   else:
     gan = _gan(teachers=pg.teacher_ensemble_discriminator(
         TEACHERS, K, SHAPE, hidden=(5,), conv_filters=(2, 3), kernel_size=3))
@@ -162,9 +166,26 @@ def _shared_conv_teachers():
   return keras.Model([image, label], keras.layers.Reshape((TEACHERS,))(dense(TEACHERS, 1)(h)))
 
 
+def _pooled_statistics_teachers():
+  """A mutant teacher model: the row statistics are standardised over the TEACHER axis (a
+  weightless layer that lets every teacher's output read every other teacher's slice)."""
+  image, label = keras.Input((TEACHERS, *SHAPE)), keras.Input((TEACHERS, K))
+  stats_ = generative.RowStatistics()(image)  # [B, k, 4], per slice: fine so far
+  pooled = keras.layers.Lambda(
+      lambda v: v - keras.ops.mean(v, axis=1, keepdims=True))(stats_)  # mixes the teachers
+  h = keras.layers.Concatenate()([pooled, label])
+  dense, _, _ = pg._teachers._layers()  # pylint: disable=protected-access
+  h = keras.layers.LeakyReLU(0.2)(dense(TEACHERS, 3)(h))
+  return keras.Model([image, label], keras.layers.Reshape((TEACHERS,))(dense(TEACHERS, 1)(h)))
+
+
 def test_custom_teachers_that_share_weights_or_mix_teachers_are_refused():
   pg.check_teachers_isolated(pg.teacher_ensemble_discriminator(TEACHERS, K, SHAPE, (5,)),
                              TEACHERS, SHAPE, K)
+  pg.check_teachers_isolated(pg.teacher_ensemble_discriminator(
+      TEACHERS, K, SHAPE, (5,), row_statistics=True), TEACHERS, SHAPE, K)
+  with pytest.raises(ValueError, match="input slices of other teachers"):
+    _gan(teachers=_pooled_statistics_teachers())
   pg.check_teachers_isolated(pg.teacher_ensemble_discriminator(
       TEACHERS, K, SHAPE, (5,), conv_filters=(2,), kernel_size=3), TEACHERS, SHAPE, K)
   with pytest.raises(ValueError, match="shared between teachers"):
@@ -417,3 +438,25 @@ def test_query_noise_and_class_balance_settings():
   assert abs(float(tf.math.reduce_std(xq)) - 5.0) < 0.3
   assert noisy.get_config()["query_noise"] == 5.0
   assert noisy.get_config()["teacher_class_balance"] is False
+
+
+def test_query_scale_noise_rescales_each_query_about_its_mean_by_a_public_lognormal():
+  """With the same public seed the queries differ only by the rescaling: per query,
+  ``x_s - m = (x - m) f`` with one factor ``f``; ``log f`` is N(0, s^2) (KS test, fixed seed).
+  Only generated examples are touched: the rescaling reads no real row."""
+  with pytest.raises(ValueError, match="query_scale_noise"):
+    _gan(query_scale_noise=-1.0)
+  with pytest.raises(ValueError, match="query_scale_noise"):
+    _gan(query_scale_noise=math.nan)
+  n, s = 400, 0.7
+  xq, yq = _gan(student_batch_size=n)._queries()
+  xs, ys = _gan(student_batch_size=n, query_scale_noise=s)._queries()
+  np.testing.assert_array_equal(yq.numpy(), ys.numpy())
+  x, x_scaled = xq.numpy().astype(np.float64), xs.numpy().astype(np.float64)
+  mean = x.mean(axis=1, keepdims=True)
+  np.testing.assert_allclose(x_scaled.mean(axis=1, keepdims=True), mean, atol=1e-5)
+  factor = np.linalg.norm(x_scaled - mean, axis=1) / np.linalg.norm(x - mean, axis=1)
+  np.testing.assert_allclose(x_scaled - mean, (x - mean) * factor[:, None], atol=1e-5)
+  assert stats.kstest(np.log(factor) / s, "norm").pvalue > 0.01
+  assert abs(np.log(factor).std() - s) < 4 * s / math.sqrt(2 * n)
+  assert _gan(query_scale_noise=s).get_config()["query_scale_noise"] == s

@@ -56,6 +56,38 @@ def test_tabular_tutorial_pategan_and_dpgan(tmp_path):
   results = _run(tmp_path / "dg", "--method=dpgan", "--target_epsilon=10", "--dpgan_steps=3",
                  "--validation", "--log_every=1", "--network=sequence")
   assert results["flags"]["network"] == "sequence"
+  assert results["flags"]["release_shift"] is False
   assert results["evaluated_on"].startswith("validation")
   assert results["train_rows"] == 7360 and results["evaluation_rows"] == 1840
   assert 9.9 < results["epsilon"] <= 10.0 and results["discriminator_steps_done"] == 3
+
+
+@pytest.mark.slow
+def test_tabular_tutorial_statistics_recipe_and_public_release_randomisation(tmp_path):
+  """The recipe of the results table (statistics teachers and student, threshold votes, query
+  rescaling, shifted and rescaled release) runs, and its release is the saved generator's rows
+  put through randomize_rows with the public seed (rebuilt here from generator.keras)."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from tf_dpkit import generative  # pylint: disable=g-import-not-at-top
+  from tutorials.data import epileptic_seizure  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "pg"
+  results = _run(out, "--target_epsilon=10", "--iterations=3", "--num_teachers=20",
+                 "--student_batch_size=8", "--log_every=1", "--network=sequence",
+                 "--student=statistics", "--teacher_input=row_statistics", "--vote=threshold",
+                 "--query_scale_noise=1.5", "--release_shift", "--release_scale_noise=0.3",
+                 "--seed=4", "--validation")
+  flags = results["flags"]
+  assert (flags["student"], flags["teacher_input"], flags["query_scale_noise"]) == (
+      "statistics", "row_statistics", 1.5)
+  assert flags["release_shift"] is True and flags["release_scale_noise"] == 0.3
+  assert 9.9 < results["epsilon"] <= 10.0
+  _, rows = _table(out / "synthetic.csv.gz")
+  released = np.array([[int(v) for v in row] for row in rows])
+  generator = keras.models.load_model(out / "generator.keras", compile=False)
+  y = released[:, -1]
+  u, _ = generative.sample(generator, len(y), labels=y, seed=4)
+  expected = epileptic_seizure.from_unit(generative.randomize_rows(
+      u, shift=True, log_scale_std=0.3, seed=5))
+  # Integer counts after float32 round trips: equal up to one count of rounding.
+  assert np.abs(released[:, :-1] - expected).max() <= 1

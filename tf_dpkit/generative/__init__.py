@@ -9,7 +9,10 @@
   votes (tf_dpkit.pate aggregators, analysis.pate.PateAccountant), the generator trained
   against the student.
 * :mod:`tf_dpkit.generative.networks`: small MLP and convolutional generator/discriminator
-  builders for MNIST, and 1-D convolutional ones for rows that are sequences.
+  builders for MNIST, 1-D convolutional ones for rows that are sequences, and a fixed summary
+  of such rows (:class:`RowStatistics`) with a discriminator that reads only it.
+* :mod:`tf_dpkit.generative.release`: public randomisation of generated rows before release
+  (cyclic shift, rescaling about the mean): post-processing, no privacy cost.
 * :mod:`tf_dpkit.generative.evaluation`: TSTR for images (accuracy) and tables (AUROC / AUPRC
   over a fixed set of scikit-learn classifiers), Frechet distance, sample grids (evaluation
   uses real data and is not private).
@@ -24,9 +27,11 @@ from tf_dpkit.generative.evaluation import (TABULAR_CLASSIFIERS, binary_auprc, b
                                             mnist_feature_extractor, save_sample_grid,
                                             tabular_classifier, tstr_accuracy, tstr_classifier,
                                             tstr_tabular)
-from tf_dpkit.generative.networks import (conv_discriminator, conv_generator, mlp_discriminator,
-                                          mlp_generator, sequence_discriminator,
-                                          sequence_generator)
+from tf_dpkit.generative.networks import (ROW_STATISTICS, RowStatistics, conv_discriminator,
+                                          conv_generator, mlp_discriminator, mlp_generator,
+                                          sequence_discriminator, sequence_generator,
+                                          statistics_discriminator)
+from tf_dpkit.generative.release import randomize_rows, scale_about_mean
 from tf_dpkit.generative.pategan import (PATE_AGGREGATORS, PATEGAN, affordable_queries,
                                          data_independent_epsilon, noise_scale_for_budget,
                                          teacher_ensemble_discriminator)
@@ -37,7 +42,8 @@ __all__ = [
     "mnist_feature_extractor", "save_sample_grid", "tstr_accuracy", "tstr_classifier",
     "TABULAR_CLASSIFIERS", "binary_auroc", "binary_auprc", "tabular_classifier", "tstr_tabular",
     "mlp_discriminator", "mlp_generator", "conv_discriminator", "conv_generator",
-    "sequence_discriminator", "sequence_generator", "PATEGAN",
+    "sequence_discriminator", "sequence_generator", "ROW_STATISTICS", "RowStatistics",
+    "statistics_discriminator", "randomize_rows", "scale_about_mean", "PATEGAN",
     "PATE_AGGREGATORS", "affordable_queries",
     "data_independent_epsilon", "noise_scale_for_budget", "teacher_ensemble_discriminator",
 ]

@@ -7,7 +7,10 @@ projected) and :func:`conv_discriminator` take ``[image, one_hot_label]`` and ou
 ``[B, 1]``.  Discriminators hold only layers with fast per-example clipping rules (Dense,
 Conv2D) and no normalisation that mixes examples; generators may use BatchNormalization.
 :func:`sequence_generator` / :func:`sequence_discriminator` are their 1-D convolutional
-counterparts for rows that are sequences (``[B, length]``).
+counterparts for rows that are sequences (``[B, length]``); :class:`RowStatistics` is a fixed,
+weightless summary of such a row (level, spread, roughness) and :func:`statistics_discriminator`
+a discriminator that reads only that summary (a PATE-GAN student; the teachers' counterpart is
+``teacher_ensemble_discriminator(..., row_statistics=True)``).
 
 Layer-by-layer shapes: docs/design/generative.md.
 """
@@ -16,11 +19,57 @@ from __future__ import annotations
 import math
 
 import keras
+from keras import ops
 
 from analysis import _checks
 
-__all__ = ["CONDITIONINGS", "conv_discriminator", "conv_generator", "mlp_discriminator",
-           "mlp_generator", "sequence_discriminator", "sequence_generator"]
+__all__ = ["CONDITIONINGS", "ROW_STATISTICS", "RowStatistics", "conv_discriminator",
+           "conv_generator", "mlp_discriminator", "mlp_generator", "sequence_discriminator",
+           "sequence_generator", "statistics_discriminator"]
+
+#: The entries of :class:`RowStatistics`' output, in order.
+ROW_STATISTICS = ("level", "log_spread", "log_spread_diff1", "log_spread_diff2")
+_VARIANCE_FLOOR = 1e-6
+
+
+@keras.saving.register_keras_serializable(package="tf_dpkit.generative")
+class RowStatistics(keras.layers.Layer):
+  """A fixed, weightless summary of rows that are sequences: ``[..., L] -> [..., 4]``.
+
+  For a row ``r`` of ``L >= 3`` values in [0, 1] (a row of a table mapped to the unit scale by
+  a public function), with ``s(v) = 0.5 log(Var(v) + 1e-6)`` (``Var``: the population
+  variance over the row, so ``s`` is the log of the standard deviation, floored):
+
+  * ``level = 10 (mean(r) - 1/2)``;
+  * ``log_spread = s(r) + 3``;
+  * ``log_spread_diff1 = s(r[1:] - r[:-1]) + 4``;
+  * ``log_spread_diff2 = s(second differences of r) + 4``.
+
+  The spread is the signal's amplitude, the spreads of its differences its roughness (the
+  high-frequency share of its power).  The affine constants are fixed (they put rows with a
+  standard deviation of 0.002 to 0.3 in the unit scale at about -3 to +2), not estimated from
+  data.  The statistics of a row read that row only (every leading axis is a batch axis), so
+  the layer never mixes examples, nor the teachers of a batched ensemble.
+  """
+
+  def compute_output_shape(self, input_shape):
+    return (*input_shape[:-1], len(ROW_STATISTICS))
+
+  def build(self, input_shape):
+    if input_shape[-1] is not None and input_shape[-1] < 3:
+      raise ValueError(f"RowStatistics needs rows of length >= 3 (second differences), got "
+                       f"input shape {tuple(input_shape)}.")
+    super().build(input_shape)
+
+  def call(self, rows):
+    def log_spread(v):
+      centred = v - ops.mean(v, axis=-1, keepdims=True)
+      return 0.5 * ops.log(ops.mean(ops.square(centred), axis=-1) + _VARIANCE_FLOOR)
+
+    diff1 = rows[..., 1:] - rows[..., :-1]
+    diff2 = diff1[..., 1:] - diff1[..., :-1]
+    return ops.stack([10.0 * (ops.mean(rows, axis=-1) - 0.5), log_spread(rows) + 3.0,
+                      log_spread(diff1) + 4.0, log_spread(diff2) + 4.0], axis=-1)
 
 
 def _check_common(latent_dim, num_classes, image_shape, hidden):
@@ -251,5 +300,35 @@ def sequence_discriminator(num_classes=2, length=178, filters=(16, 32), kernel_s
     inputs.append(label)
     h = keras.layers.Concatenate()([h, label])
   h = keras.layers.LeakyReLU(0.2)(keras.layers.Dense(hidden)(h))
+  out = keras.layers.Dense(1, name="logit")(h)
+  return keras.Model(inputs if len(inputs) > 1 else row, out, name=name)
+
+
+def statistics_discriminator(num_classes=2, length=178, hidden=(64, 64), name="discriminator"):
+  """Conditional (or unconditional) discriminator that reads a row only through
+  :class:`RowStatistics`: ``row [B, length] -> RowStatistics -> [4]``, concatenate the one-hot
+  label, ``(Dense(width) -> LeakyReLU(0.2))`` per ``hidden`` width, ``Dense(1)``: one logit.
+
+  A PATE-GAN student for rows that are sequences: it learns from few noisy labels because it
+  sees four numbers, and the generator it trains is pulled towards the amplitude and roughness
+  the teachers accept per class (docs/design/generative.md, "Tables").  It is not a DP-GAN
+  discriminator (``RowStatistics`` has no per-example clipping rule of its own to clear it).
+
+  Args:
+    num_classes: None or an integer >= 2.
+    length: the row length, an integer >= 3.
+    hidden: non-empty tuple of integers >= 1.
+  """
+  length = _checks.check_integer("length", length, minimum=3)
+  _, hidden = _check_common(None, num_classes, (length,), hidden)
+  row = keras.Input((length,), name="image")
+  inputs = [row]
+  h = RowStatistics(name="row_statistics")(row)
+  if num_classes is not None:
+    label = keras.Input((num_classes,), name="one_hot_label")
+    inputs.append(label)
+    h = keras.layers.Concatenate()([h, label])
+  for width in hidden:
+    h = keras.layers.LeakyReLU(0.2)(keras.layers.Dense(width)(h))
   out = keras.layers.Dense(1, name="logit")(h)
   return keras.Model(inputs if len(inputs) > 1 else row, out, name=name)

@@ -32,6 +32,8 @@ from analysis import pate as pate_analysis
 from tf_dpkit import _autograph
 from tf_dpkit.clipping import fast_path
 from tf_dpkit.generative import dpgan as _dpgan
+from tf_dpkit.generative import networks as _networks
+from tf_dpkit.generative import release as _release
 from tf_dpkit.pate import aggregators as _aggregators
 from tf_dpkit.pate import teachers as _teachers
 from tf_dpkit.pate.partition import partition_indices
@@ -46,13 +48,15 @@ FAKE, REAL = 0, 1
 
 def teacher_ensemble_discriminator(num_teachers, num_classes=None, image_shape=(28, 28, 1),
                                    hidden=(64,), conv_filters=(), kernel_size=5,
-                                   name="teacher_discriminators"):
+                                   row_statistics=False, name="teacher_discriminators"):
   """``num_teachers`` discriminators in one batched Keras model (no weight sharing).
 
   Inputs: ``image [B, T, *image_shape]`` (teacher ``t`` reads slice ``[:, t]``) and, when
   ``num_classes`` is set, ``one_hot_label [B, T, K]``.  Each teacher: (for rows that are
   sequences, ``conv_filters`` non-empty: the row as ``[L, 1]`` -> (TeacherConv1D(F,
-  kernel_size, stride 2) -> LeakyReLU(0.2)) per ``F`` of ``conv_filters``) -> flatten ->
+  kernel_size, stride 2) -> LeakyReLU(0.2)) per ``F`` of ``conv_filters``; or, with
+  ``row_statistics``, the row's four :class:`~tf_dpkit.generative.networks.RowStatistics`,
+  computed per teacher slice from that slice alone) -> flatten ->
   concatenate the label -> (TeacherDense(width) -> LeakyReLU(0.2)) per ``hidden`` width ->
   TeacherDense(1); output: logits ``[B, T]``.  ``TeacherDense`` computes ``x[b, t] @ W[t] +
   bias[t]`` and ``TeacherConv1D`` convolves slice ``t`` with teacher ``t``'s kernel, so teacher
@@ -65,6 +69,10 @@ def teacher_ensemble_discriminator(num_teachers, num_classes=None, image_shape=(
     hidden: tuple of layer widths, each an integer >= 1 (may be empty: a linear teacher).
     conv_filters: tuple of integers >= 1 (default empty: an MLP teacher).
     kernel_size: integer >= 1, the convolutions' width.
+    row_statistics: bool; True: each teacher reads only the row's level, spread and roughness
+      (rows of length >= 3; not with ``conv_filters``).  A teacher with a few records on a
+      four-number summary generalises where an MLP on the raw row memorises its shard
+      (docs/design/generative.md, "Tables").
   """
   num_teachers = _checks.check_integer("num_teachers", num_teachers, minimum=2)
   if num_classes is not None:
@@ -81,6 +89,12 @@ def teacher_ensemble_discriminator(num_teachers, num_classes=None, image_shape=(
   kernel_size = _checks.check_integer("kernel_size", kernel_size, minimum=1)
   if conv_filters and len(shape) != 1:
     raise ValueError(f"conv_filters needs rows, image_shape=(L,), got {image_shape!r}.")
+  if not isinstance(row_statistics, bool):
+    raise ValueError(f"row_statistics must be True or False, got {row_statistics!r}.")
+  if row_statistics and (conv_filters or len(shape) != 1 or shape[0] < 3):
+    raise ValueError("row_statistics needs rows of length >= 3, image_shape=(L,), and no "
+                     f"conv_filters; got image_shape={image_shape!r}, "
+                     f"conv_filters={conv_filters!r}.")
   teacher_dense, _, _ = _teachers._layers()  # pylint: disable=protected-access
   image = keras.Input((num_teachers, *shape), name="image")
   inputs = [image]
@@ -90,6 +104,8 @@ def teacher_ensemble_discriminator(num_teachers, num_classes=None, image_shape=(
     for width in conv_filters:
       h = keras.layers.LeakyReLU(0.2)(
           _teachers.teacher_conv1d_layer()(num_teachers, width, kernel_size, 2)(h))
+  if row_statistics:
+    h = _networks.RowStatistics(name="row_statistics")(h)  # [B, T, L] -> [B, T, 4]
   h = keras.layers.Reshape((num_teachers, -1))(h)
   if num_classes is not None:
     label = keras.Input((num_teachers, num_classes), name="one_hot_label")
@@ -279,6 +295,12 @@ class PATEGAN:
       then learns the teachers' preference AROUND the generator's samples, not only at them
       (a generator that ascends a student fitted on its own samples alone runs into the
       student's extrapolation).  Public randomness: no privacy cost.
+    query_scale_noise: std ``s`` (finite, >= 0; default 0) of a public log-normal rescaling of
+      each query about its own mean: ``x <- m + (x - m) exp(s e)``, ``e ~ N(0, 1)`` per query,
+      ``m`` the mean of that query's entries (applied before ``query_noise``).  The student
+      then also learns which AMPLITUDE the teachers accept, on both sides of the generator's
+      own, so a threshold vote is not "fake" on every query while the generator's amplitude is
+      wrong (docs/design/generative.md, "Tables").  Public randomness: no privacy cost.
     delta: in (0, 1), at which epsilon is reported and the budget enforced.
 
   Attributes:
@@ -293,7 +315,8 @@ class PATEGAN:
                generator_batch_size=64, teacher_learning_rate=2e-4, student_learning_rate=2e-4,
                generator_learning_rate=2e-4, beta_1=0.5, seed=0, noise_seed=None,
                partition_seed=None, vote="threshold", vote_fraction=0.5,
-               teacher_class_balance=False, query_noise=0.0, delta=1e-5):
+               teacher_class_balance=False, query_noise=0.0, query_scale_noise=0.0,
+               delta=1e-5):
     _dpgan.check_built_models(generator=generator, student=student)
     self.latent_dim = _checks.check_integer("latent_dim", latent_dim, minimum=1)
     self.num_teachers = _checks.check_integer("num_teachers", num_teachers, minimum=2)
@@ -334,6 +357,8 @@ class PATEGAN:
                        f"{teacher_class_balance!r}.")
     self.teacher_class_balance = teacher_class_balance
     self.query_noise = _checks.check_finite_nonnegative("query_noise", query_noise)
+    self.query_scale_noise = _checks.check_finite_nonnegative("query_scale_noise",
+                                                              query_scale_noise)
     self.vote_fraction = _checks.check_probability("vote_fraction", vote_fraction,
                                                    allow_zero=False)
     self.generator, self.student = generator, student
@@ -469,6 +494,9 @@ class PATEGAN:
     """Public generated examples for the student (one PATE query each)."""
     z, y = self._latent(self.student_batch_size)
     x = self.generator(self._inputs(z, y), training=True)
+    if self.query_scale_noise:
+      factor = tf.exp(self.query_scale_noise * self._rng.normal(tf.shape(x)[:1]))
+      x = _release.scale_about_mean(x, factor)
     if self.query_noise:
       x = x + self.query_noise * self._rng.normal(tf.shape(x))
     return x, y
@@ -693,5 +721,5 @@ class PATEGAN:
         "seed": self.seed, "partition_seed": self.partition_seed, "vote": self.vote,
         "vote_fraction": self.vote_fraction,
         "teacher_class_balance": self.teacher_class_balance, "query_noise": self.query_noise,
-        "delta": self.delta,
+        "query_scale_noise": self.query_scale_noise, "delta": self.delta,
     }
