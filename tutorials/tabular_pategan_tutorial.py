@@ -92,6 +92,9 @@ flags.DEFINE_enum("student", "network", ["network", "statistics"],
                   "PATE-GAN student: the --network discriminator, or "
                   "generative.statistics_discriminator (reads RowStatistics only; "
                   "--student_hidden widths).")
+flags.DEFINE_enum("dpgan_discriminator", "network", ["network", "statistics"],
+                  "DP-GAN discriminator: the --network one, or "
+                  "generative.statistics_discriminator (--discriminator_hidden widths).")
 flags.DEFINE_list("teacher_conv_filters", [],
                   "Per-teacher 1-D convolutions before the hidden layers (filters of each, "
                   "stride 2, width 5; generative.teacher_ensemble_discriminator); empty: MLP "
@@ -204,7 +207,11 @@ def _train_dpgan(u, y, private):
   print(f"DP-GAN: N={n} q={q:.5f} discriminator steps={steps} noise_multiplier={sigma:.4f}",
         flush=True)
   generator = _generator()
-  discriminator = _discriminator(FLAGS.discriminator_hidden)
+  if FLAGS.dpgan_discriminator == "statistics":
+    discriminator = generative.statistics_discriminator(
+        2, data.NUM_FEATURES, hidden=_widths(FLAGS.discriminator_hidden))
+  else:
+    discriminator = _discriminator(FLAGS.discriminator_hidden)
   gan = generative.DPGAN(
       generator, discriminator, latent_dim=FLAGS.latent_dim, num_classes=2,
       l2_norm_clip=FLAGS.l2_norm_clip, noise_multiplier=sigma,
@@ -288,8 +295,8 @@ def main(argv):
           "method", "target_epsilon", "seed", "validation", "positive_fraction", "network",
           "latent_dim",
           "generator_hidden", "iterations", "num_teachers", "teacher_hidden", "teacher_conv_filters",
-          "teacher_input", "student", "query_scale_noise", "release_shift",
-          "release_scale_noise",
+          "teacher_input", "student", "dpgan_discriminator", "query_scale_noise",
+          "release_shift", "release_scale_noise",
           "teacher_batch_size", "teacher_steps", "student_steps", "student_batch_size",
           "student_hidden", "generator_batch_size", "teacher_learning_rate",
           "student_learning_rate", "generator_learning_rate", "vote", "vote_fraction",

@@ -497,12 +497,13 @@ def test_projection_discriminator_logit_and_weights_by_hand():
 
 
 @pytest.mark.parametrize("method", ["fast", "vectorized"])
-@pytest.mark.parametrize("model", ["projection", "sequence"])
+@pytest.mark.parametrize("model", ["projection", "sequence", "statistics"])
 def test_discriminator_real_term_removal_moves_the_clipped_sum_by_at_most_c(method, model):
   """Brute force over the path DPGAN's discriminator step takes (clipped_sum_for_model on the
-  real term), for the projection MLP and the 1-D convolutional discriminator (strided Conv1D
-  rules): removing any one real example, row and label, moves the clipped sum by at most C,
-  and by more than half of C (the gradients are large, so clipping binds)."""
+  real term), for the projection MLP, the 1-D convolutional discriminator (strided Conv1D
+  rules) and the statistics discriminator (a weightless RowStatistics layer before Dense):
+  removing any one real example, row and label, moves the clipped sum by at most C, and by
+  more than half of C (the gradients are large, so clipping binds)."""
   from tf_dpkit.clipping.testing import removal_sensitivity  # pylint: disable=g-import-not-at-top
   from tf_dpkit.dp_gradients import clipped_sum_for_model  # pylint: disable=g-import-not-at-top
   keras.utils.set_random_seed(4)
@@ -510,9 +511,12 @@ def test_discriminator_real_term_removal_moves_the_clipped_sum_by_at_most_c(meth
   if model == "projection":
     shape = (4, 4, 1)
     d = generative.mlp_discriminator(k, shape, hidden=(6, 4), conditioning="projection")
-  else:
+  elif model == "sequence":
     shape = (11,)
     d = generative.sequence_discriminator(k, 11, filters=(3, 2), kernel_size=3, hidden=4)
+  else:
+    shape = (11,)
+    d = generative.statistics_discriminator(k, 11, hidden=(6, 4))
   rng = np.random.default_rng(9)
   x = (3.0 * rng.normal(size=(6,) + shape)).astype(np.float32)
   y = np.eye(k, dtype=np.float32)[[0, 1, 2, 2, 1, 0]]

@@ -91,3 +91,9 @@ def test_tabular_tutorial_statistics_recipe_and_public_release_randomisation(tmp
       u, shift=True, log_scale_std=0.3, seed=5))
   # Integer counts after float32 round trips: equal up to one count of rounding.
   assert np.abs(released[:, :-1] - expected).max() <= 1
+  # The DP-GAN comparison row's discriminator option.
+  results = _run(tmp_path / "dg", "--method=dpgan", "--target_epsilon=10", "--dpgan_steps=3",
+                 "--validation", "--log_every=1", "--network=sequence",
+                 "--dpgan_discriminator=statistics", "--release_shift")
+  assert results["flags"]["dpgan_discriminator"] == "statistics"
+  assert 9.9 < results["epsilon"] <= 10.0 and results["discriminator_steps_done"] == 3

@@ -311,8 +311,9 @@ def statistics_discriminator(num_classes=2, length=178, hidden=(64, 64), name="d
 
   A PATE-GAN student for rows that are sequences: it learns from few noisy labels because it
   sees four numbers, and the generator it trains is pulled towards the amplitude and roughness
-  the teachers accept per class (docs/design/generative.md, "Tables").  It is not a DP-GAN
-  discriminator (``RowStatistics`` has no per-example clipping rule of its own to clear it).
+  the teachers accept per class (docs/design/generative.md, "Tables").  It is also a valid
+  DP-GAN discriminator: its one weightless layer acts per row, and removing one real example
+  moves the clipped real-term sum by at most C on both per-example paths (tested).
 
   Args:
     num_classes: None or an integer >= 2.
