@@ -258,6 +258,9 @@ def main(argv):
   start = time.time()
   if not 0.0 <= FLAGS.positive_fraction <= 1.0:
     raise ValueError(f"--positive_fraction must be in [0, 1], got {FLAGS.positive_fraction}.")
+  if not (math.isfinite(FLAGS.release_scale_noise) and FLAGS.release_scale_noise >= 0.0):
+    raise ValueError("--release_scale_noise must be finite and >= 0, got "
+                     f"{FLAGS.release_scale_noise}.")  # checked before training, not after
   os.makedirs(FLAGS.output_dir, exist_ok=True)
   keras.utils.set_random_seed(FLAGS.seed)
   (x, y), (x_eval, y_eval) = _split()

@@ -442,29 +442,41 @@ def test_row_statistics_match_numpy_and_known_rows():
                              atol=2e-4)
   with pytest.raises(ValueError, match="length >= 3"):
     generative.RowStatistics()(tf.zeros((2, 2)))
+  with pytest.raises(ValueError, match="length >= 3"):  # the length must be known
+    generative.RowStatistics()(keras.Input((None,)))
 
 
-def test_statistics_discriminator_reads_the_row_only_through_its_statistics():
+def test_statistics_discriminator_reads_the_row_only_through_its_statistics(tmp_path):
+  keras.utils.set_random_seed(2)
   d = generative.statistics_discriminator(2, 30, hidden=(5, 4))
   # Dense (4 + 2) * 5 + 5, Dense 5 * 4 + 4, logit 4 + 1.
   assert d.count_params() == (6 * 5 + 5) + (5 * 4 + 4) + 5
   rng = np.random.default_rng(1)
   row = rng.uniform(size=(1, 30)).astype(np.float32)
   y = np.eye(2, dtype=np.float32)[[1]]
-  shifted = np.roll(row, 7, axis=1)  # a cyclic shift keeps level and spread, not the diffs
   reversed_row = row[:, ::-1].copy()  # reversal keeps all four statistics
   assert abs(float(d([row, y])[0, 0]) - float(d([reversed_row, y])[0, 0])) < 1e-5
-  assert d([shifted, y]).shape == (1, 1)
+  # ... and the logit is the MLP head applied to exactly those statistics and the label.
+  stats_ = generative.RowStatistics()(tf.constant(row)).numpy()
+  h = np.concatenate([stats_, y], axis=1)
+  dense = [layer for layer in d.layers if isinstance(layer, keras.layers.Dense)]
+  for layer in dense[:-1]:
+    h = h @ layer.kernel.numpy() + layer.bias.numpy()
+    h = np.where(h > 0, h, 0.2 * h)
+  logit = h @ dense[-1].kernel.numpy() + dense[-1].bias.numpy()
+  np.testing.assert_allclose(d([row, y]).numpy(), logit, rtol=1e-5, atol=1e-5)
+  # A row with twice the spread has other statistics, hence (generically) another logit.
+  wider = (row.mean() + 2 * (row - row.mean())).astype(np.float32)
+  assert abs(float(d([wider, y])[0, 0]) - float(d([row, y])[0, 0])) > 1e-4
   assert len(generative.statistics_discriminator(None, 10).inputs) == 1
   with pytest.raises(ValueError, match=r"length must be an integer in \[3, inf\]"):
     generative.statistics_discriminator(2, 2)
   with pytest.raises(ValueError, match="hidden must hold at least one"):
     generative.statistics_discriminator(2, 10, hidden=())
   # Saved and reloaded without custom objects (the layer is registered).
-  path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "statistics_discriminator_test.keras")
+  path = str(tmp_path / "statistics_discriminator.keras")
   d.save(path)
   again = keras.models.load_model(path, compile=False)
-  os.remove(path)
   np.testing.assert_allclose(again([row, y]).numpy(), d([row, y]).numpy(), atol=1e-6)
 
 
@@ -673,6 +685,17 @@ def test_randomize_rows_shifts_and_rescales_by_hand():
   factor = np.exp(s * np.random.default_rng(5).standard_normal(6))
   mean = rows.mean(1, keepdims=True)
   np.testing.assert_allclose(scaled, mean + (rows - mean) * factor[:, None], atol=1e-6)
+  # Shift and rescaling together: the shift's integers are drawn first, then the normals.
+  both = generative.randomize_rows(rows, shift=True, log_scale_std=s, seed=8)
+  draw = np.random.default_rng(8)
+  offsets, factor = draw.integers(0, 9, 6), np.exp(s * draw.standard_normal(6))
+  rolled = np.stack([np.roll(r, o) for r, o in zip(rows, offsets)])
+  mean = rolled.mean(1, keepdims=True)
+  np.testing.assert_allclose(both, mean + (rolled - mean) * factor[:, None], atol=1e-6)
+  # Without randomisation the rows are only clipped to [low, high].
+  np.testing.assert_array_equal(
+      generative.randomize_rows(np.array([[-0.5, 0.5, 1.5]], np.float32), shift=False),
+      [[0.0, 0.5, 1.0]])
   # Values are clipped to [low, high].
   wide = generative.randomize_rows(np.array([[0.0, 1.0, 0.5]], np.float32), shift=False,
                                    log_scale_std=3.0, seed=0, low=0.1, high=0.9)
@@ -700,3 +723,15 @@ def test_randomize_rows_refusals_name_the_argument(kwargs, match):
   rows = args.pop("rows")
   with pytest.raises(ValueError, match=match):
     generative.randomize_rows(rows, **args)
+
+
+def test_scale_about_mean_refusals_name_the_argument():
+  with pytest.raises(ValueError, match=r"x must be a \[B, \.\.\.\] batch"):
+    generative.scale_about_mean(np.zeros(4, np.float32), [1.0] * 4)
+  with pytest.raises(ValueError, match=r"factor must be a \[B\] vector"):
+    generative.scale_about_mean(np.zeros((2, 3), np.float32), [[1.0], [1.0]])
+  with pytest.raises(ValueError, match="one value per example: 2 examples, 3 factors"):
+    generative.scale_about_mean(np.zeros((2, 3), np.float32), [1.0, 1.0, 1.0])
+  for bad in ([1.0, 0.0], [1.0, -2.0], [1.0, np.inf], [np.nan, 1.0]):
+    with pytest.raises(ValueError, match="factor must be finite and > 0"):
+      generative.scale_about_mean(np.zeros((2, 3), np.float32), bad)

@@ -66,7 +66,9 @@ def test_tabular_tutorial_pategan_and_dpgan(tmp_path):
 def test_tabular_tutorial_statistics_recipe_and_public_release_randomisation(tmp_path):
   """The recipe of the results table (statistics teachers and student, threshold votes, query
   rescaling, shifted and rescaled release) runs, and its release is the saved generator's rows
-  put through randomize_rows with the public seed (rebuilt here from generator.keras)."""
+  put through randomize_rows with the public seed (rebuilt here from generator.keras): a test
+  of the wiring (which generator, which seed, which options); randomize_rows' maths is tested
+  by hand in tests/tf_dpkit/test_generative.py."""
   import keras  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from tf_dpkit import generative  # pylint: disable=g-import-not-at-top
@@ -91,6 +93,15 @@ def test_tabular_tutorial_statistics_recipe_and_public_release_randomisation(tmp
       u, shift=True, log_scale_std=0.3, seed=5))
   # Integer counts after float32 round trips: equal up to one count of rounding.
   assert np.abs(released[:, :-1] - expected).max() <= 1
+  # A bad release flag is refused before any training (the run ends within the start-up).
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+  script = os.path.join(ROOT, "tutorials", "tabular_pategan_tutorial.py")
+  bad = subprocess.run([sys.executable, script, f"--output_dir={tmp_path / 'bad'}",
+                        "--release_scale_noise=-0.1"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+  assert bad.returncode != 0
+  assert "--release_scale_noise must be finite and >= 0, got -0.1" in bad.stderr
+  assert "PATE-GAN: N=" not in bad.stdout  # no training started
   # The DP-GAN comparison row's discriminator option.
   results = _run(tmp_path / "dg", "--method=dpgan", "--target_epsilon=10", "--dpgan_steps=3",
                  "--validation", "--log_every=1", "--network=sequence",

@@ -38,7 +38,8 @@ class RowStatistics(keras.layers.Layer):
 
   For a row ``r`` of ``L >= 3`` values in [0, 1] (a row of a table mapped to the unit scale by
   a public function), with ``s(v) = 0.5 log(Var(v) + 1e-6)`` (``Var``: the population
-  variance over the row, so ``s`` is the log of the standard deviation, floored):
+  variance over the row; ``s`` is the log of the standard deviation for spreads well above
+  1e-3, and tends to ``0.5 log 1e-6`` below):
 
   * ``level = 10 (mean(r) - 1/2)``;
   * ``log_spread = s(r) + 3``;
@@ -49,14 +50,15 @@ class RowStatistics(keras.layers.Layer):
   high-frequency share of its power).  The affine constants are fixed (they put rows with a
   standard deviation of 0.002 to 0.3 in the unit scale at about -3 to +2), not estimated from
   data.  The statistics of a row read that row only (every leading axis is a batch axis), so
-  the layer never mixes examples, nor the teachers of a batched ensemble.
+  the layer never mixes examples, nor the teachers of a batched ensemble.  The row length
+  must be known when the layer is built (``L >= 3``).
   """
 
   def compute_output_shape(self, input_shape):
     return (*input_shape[:-1], len(ROW_STATISTICS))
 
   def build(self, input_shape):
-    if input_shape[-1] is not None and input_shape[-1] < 3:
+    if input_shape[-1] is None or input_shape[-1] < 3:
       raise ValueError(f"RowStatistics needs rows of length >= 3 (second differences), got "
                        f"input shape {tuple(input_shape)}.")
     super().build(input_shape)

@@ -297,7 +297,8 @@ class PATEGAN:
       student's extrapolation).  Public randomness: no privacy cost.
     query_scale_noise: std ``s`` (finite, >= 0; default 0) of a public log-normal rescaling of
       each query about its own mean: ``x <- m + (x - m) exp(s e)``, ``e ~ N(0, 1)`` per query,
-      ``m`` the mean of that query's entries (applied before ``query_noise``).  The student
+      ``m`` the mean of that query's entries (applied before ``query_noise``; not clipped, so
+      a rescaled query may leave the generator's [0, 1] range).  The student
       then also learns which AMPLITUDE the teachers accept, on both sides of the generator's
       own, so a threshold vote is not "fake" on every query while the generator's amplitude is
       wrong (docs/design/generative.md, "Tables").  Public randomness: no privacy cost.

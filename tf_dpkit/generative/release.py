@@ -29,18 +29,33 @@ def scale_about_mean(x, factor):
   """``m + (x - m) * factor`` with ``m`` the mean of each example over all its entries.
 
   Args:
-    x: ``[B, ...]`` float tensor or array of examples.
-    factor: ``[B]`` positive factors, one per example (``1``: unchanged).
+    x: ``[B, ...]`` float tensor or array of examples, rank >= 2.
+    factor: ``[B]`` finite factors > 0, one per example (``1``: unchanged).  Checked when
+      its values are known (eager); inside a traced function the caller guarantees them (the
+      PATE-GAN query rescaling draws ``exp(s e)``, always finite and > 0 for finite ``s``).
 
   Returns:
-    A float32 tensor of ``x``'s shape; each example keeps its mean, and its deviation from it
-    (hence its standard deviation and those of its differences) is multiplied by ``factor``.
+    A float32 tensor of ``x``'s shape, not clipped; each example keeps its mean, and its
+    deviation from it (hence its standard deviation and those of its differences) is
+    multiplied by ``factor``.
   """
   x = tf.convert_to_tensor(x, tf.float32)
-  axes = list(range(1, len(x.shape)))
+  factor = tf.cast(tf.convert_to_tensor(factor), tf.float32)
+  if x.shape.rank is None or x.shape.rank < 2:
+    raise ValueError(f"x must be a [B, ...] batch of examples (rank >= 2), got shape {x.shape}.")
+  if factor.shape.rank != 1:
+    raise ValueError(f"factor must be a [B] vector (one per example), got shape {factor.shape}.")
+  if x.shape[0] is not None and factor.shape[0] is not None and x.shape[0] != factor.shape[0]:
+    raise ValueError(f"factor must hold one value per example: {x.shape[0]} examples, "
+                     f"{factor.shape[0]} factors.")
+  if tf.executing_eagerly():
+    values = factor.numpy()
+    if not (np.isfinite(values).all() and (values > 0).all()):
+      raise ValueError(f"factor must be finite and > 0, got min {values.min()!r}, "
+                       f"max {values.max()!r}.")
+  axes = list(range(1, x.shape.rank))
   mean = tf.reduce_mean(x, axis=axes, keepdims=True)
-  factor = tf.reshape(tf.cast(factor, tf.float32), [-1] + [1] * len(axes))
-  return mean + (x - mean) * factor
+  return mean + (x - mean) * tf.reshape(factor, [-1] + [1] * len(axes))
 
 
 def randomize_rows(rows, *, shift=True, log_scale_std=0.0, seed=0, low=0.0, high=1.0):
