@@ -5,9 +5,12 @@ the name tells them apart from the DP Keras models (``tf_dpkit.dp_models``).  Us
 ``tf_dpkit.generative.mlp_generator`` etc. or import from ``tf_dpkit.generative.networks``;
 the names below are the same objects.
 """
-from tf_dpkit.generative.networks import (CONDITIONINGS, conv_discriminator, conv_generator,
+from tf_dpkit.generative.networks import (CONDITIONINGS, ROW_STATISTICS, RowStatistics,
+                                          conv_discriminator, conv_generator,
                                           mlp_discriminator, mlp_generator,
-                                          sequence_discriminator, sequence_generator)
+                                          sequence_discriminator, sequence_generator,
+                                          statistics_discriminator)
 
-__all__ = ["CONDITIONINGS", "conv_discriminator", "conv_generator", "mlp_discriminator",
-           "mlp_generator", "sequence_discriminator", "sequence_generator"]
+__all__ = ["CONDITIONINGS", "ROW_STATISTICS", "RowStatistics", "conv_discriminator",
+           "conv_generator", "mlp_discriminator", "mlp_generator", "sequence_discriminator",
+           "sequence_generator", "statistics_discriminator"]
