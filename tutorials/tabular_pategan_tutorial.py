@@ -148,8 +148,11 @@ def _generator():
                                   hidden=_widths(FLAGS.generator_hidden))
 
 
-def _discriminator(hidden):
-  """The PATE-GAN student or the DP-GAN discriminator (``hidden``: the MLP's widths)."""
+def _discriminator(hidden, kind="network"):
+  """The PATE-GAN student or the DP-GAN discriminator (``hidden``: the MLP's widths; ``kind``
+  "statistics": generative.statistics_discriminator, else the --network one)."""
+  if kind == "statistics":
+    return generative.statistics_discriminator(2, data.NUM_FEATURES, hidden=_widths(hidden))
   if FLAGS.network == "sequence":
     return generative.sequence_discriminator(2, data.NUM_FEATURES)
   return generative.mlp_discriminator(2, (data.NUM_FEATURES,), hidden=_widths(hidden))
@@ -163,11 +166,7 @@ def _train_pategan(u, y, private):
         f"{len(u) // FLAGS.num_teachers}) answers planned={queries} GNMax sigma={noise} votes",
         flush=True)
   generator = _generator()
-  if FLAGS.student == "statistics":
-    student = generative.statistics_discriminator(2, data.NUM_FEATURES,
-                                                  hidden=_widths(FLAGS.student_hidden))
-  else:
-    student = _discriminator(FLAGS.student_hidden)
+  student = _discriminator(FLAGS.student_hidden, FLAGS.student)
   teachers = None
   if FLAGS.teacher_conv_filters or FLAGS.teacher_input == "row_statistics":
     teachers = generative.teacher_ensemble_discriminator(
@@ -207,11 +206,7 @@ def _train_dpgan(u, y, private):
   print(f"DP-GAN: N={n} q={q:.5f} discriminator steps={steps} noise_multiplier={sigma:.4f}",
         flush=True)
   generator = _generator()
-  if FLAGS.dpgan_discriminator == "statistics":
-    discriminator = generative.statistics_discriminator(
-        2, data.NUM_FEATURES, hidden=_widths(FLAGS.discriminator_hidden))
-  else:
-    discriminator = _discriminator(FLAGS.discriminator_hidden)
+  discriminator = _discriminator(FLAGS.discriminator_hidden, FLAGS.dpgan_discriminator)
   gan = generative.DPGAN(
       generator, discriminator, latent_dim=FLAGS.latent_dim, num_classes=2,
       l2_norm_clip=FLAGS.l2_norm_clip, noise_multiplier=sigma,

@@ -497,7 +497,7 @@ class PATEGAN:
     x = self.generator(self._inputs(z, y), training=True)
     if self.query_scale_noise:
       factor = tf.exp(self.query_scale_noise * self._rng.normal(tf.shape(x)[:1]))
-      x = _release.scale_about_mean(x, factor)
+      x = _release._rescaled(x, factor)  # pylint: disable=protected-access
     if self.query_noise:
       x = x + self.query_noise * self._rng.normal(tf.shape(x))
     return x, y

@@ -53,6 +53,12 @@ def scale_about_mean(x, factor):
     if not (np.isfinite(values).all() and (values > 0).all()):
       raise ValueError(f"factor must be finite and > 0, got min {values.min()!r}, "
                        f"max {values.max()!r}.")
+  return _rescaled(x, factor)
+
+
+def _rescaled(x, factor):
+  """:func:`scale_about_mean` without its checks, for callers whose ``factor`` is ``exp`` of
+  a finite draw (PATE-GAN's queries, every training step): float32 ``x [B, ...]``, ``[B]``."""
   axes = list(range(1, x.shape.rank))
   mean = tf.reduce_mean(x, axis=axes, keepdims=True)
   return mean + (x - mean) * tf.reshape(factor, [-1] + [1] * len(axes))
@@ -96,6 +102,6 @@ def randomize_rows(rows, *, shift=True, log_scale_std=0.0, seed=0, low=0.0, high
     index = (np.arange(length)[None, :] - offsets[:, None]) % length
     rows = np.take_along_axis(rows, index, axis=1)  # row i rolled right by offsets[i]
   if log_scale_std:
-    factor = np.exp(log_scale_std * rng.standard_normal(n))
-    rows = scale_about_mean(rows, factor).numpy()
+    factor = np.exp(log_scale_std * rng.standard_normal(n)).astype(np.float32)
+    rows = _rescaled(tf.constant(rows), tf.constant(factor)).numpy()
   return np.clip(rows, low, high).astype(np.float32)
