@@ -122,6 +122,34 @@ def test_generator_step_never_reads_private_data():
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("decay", [0.0, 0.5, 0.999])
+def test_generator_average_follows_the_recurrence_by_hand(decay):
+  """a_t = d_t a_{t-1} + (1 - d_t) w_t, d_t = min(d, (1 + t) / (10 + t)), a_0 = w_0, over every
+  generator weight (BatchNormalization's moving statistics too), recomputed with numpy from
+  the generator's iterates; the average never changes the generator itself."""
+  keras.utils.set_random_seed(0)
+  g = generative.conv_generator(LATENT, 3, filters=2, image_shape=(8, 8, 1))
+  d = mlp_discriminator(3, (8, 8, 1), hidden=(8,))
+  gan = DPGAN(g, d, latent_dim=LATENT, num_classes=3, noise_multiplier=0.0,
+              expected_batch_size=4.0, generator_ema=decay, noise_seed=1)
+  assert gan.averaged_generator is not g and gan.get_config()["generator_ema"] == decay
+  assert any("moving" in w.path for w in g.weights)  # non-trainable statistics are averaged
+  average = [w.copy() for w in g.get_weights()]
+  for t in range(1, 8):
+    gan.generator_step()
+    d_t = min(decay, (1.0 + t) / (10.0 + t))
+    average = [d_t * a + (1.0 - d_t) * w for a, w in zip(average, g.get_weights())]
+    for got, want in zip(gan.averaged_generator.get_weights(), average):
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  if decay == 0.0:
+    for got, want in zip(gan.averaged_generator.get_weights(), g.get_weights()):
+      np.testing.assert_array_equal(got, want)
+  # The averaged generator samples like the generator (same inputs and outputs).
+  images, labels = generative.sample(gan.averaged_generator, 6, seed=3)
+  assert images.shape == (6, 8, 8, 1) and list(labels) == [0, 1, 2, 0, 1, 2]
+  assert _gan().averaged_generator is None and _gan().get_config()["generator_ema"] is None
+
+
 def test_accountant_counts_discriminator_steps_only():
   gan = _gan(noise_multiplier=1.2, discriminator_steps=3)
   x, _ = _data(40)
@@ -223,6 +251,10 @@ def test_gradient_penalty_is_refused():
     ({"beta_1": 1.0}, r"beta_1 must be in \[0, 1\)"),
     ({"method": "magic"}, "method must be one of"),
     ({"delta": 0.0}, r"delta must be in \(0, 1\)"),
+    ({"generator_ema": 1.0}, r"generator_ema must be None or a decay in \[0, 1\)"),
+    ({"generator_ema": -0.1}, r"generator_ema must be None or a decay in \[0, 1\)"),
+    ({"generator_ema": float("nan")}, "generator_ema must not be NaN"),
+    ({"generator_ema": "0.9"}, "generator_ema must be"),
 ])
 def test_bad_settings_name_the_argument(kwargs, match):
   with pytest.raises(ValueError, match=match):

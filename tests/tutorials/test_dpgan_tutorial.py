@@ -46,3 +46,45 @@ def test_dpgan_tutorial_private_and_nonprivate(tmp_path):
   assert results["tstr_accuracy"] is None and 0.0 <= results["tstr_accuracy_cnn"] <= 1.0
   assert results["discriminator_steps_done"] == 16 and results["generator_steps_done"] == 8
   assert results["config"]["discriminator_steps"] == 2
+
+
+@pytest.mark.slow
+def test_dpgan_tutorial_private_checkpoint_choice_and_average(tmp_path):
+  """--generator_ema with --validation_size / --checkpoint_every: the choice is among the kept
+  steps, its noisy scores are released, and the reported epsilon (training composed with the
+  choice) meets the target, computed here from the composed events."""
+  from analysis import dp_sgd, events, rdp_accountant  # pylint: disable=g-import-not-at-top
+  results, stdout = _run(tmp_path, 5, "--generator_ema=0.9", "--validation_size=200",
+                         "--checkpoint_every=4", "--selection_samples=100",
+                         "--selection_epochs=1", "--selection_noise_multiplier=3",
+                         "--tstr_classifiers=cnn")
+  assert results["candidate_generator_steps"] == [4, 8]
+  assert results["chosen_generator_step"] in (4, 8)
+  assert len(results["noisy_validation_accuracies"]) == 2
+  assert results["selection_noise_stddev"] == pytest.approx(3 * math.sqrt(2) / 200)
+  assert results["train_size"] == 800 and results["config"]["generator_ema"] == 0.9
+  composed = events.ComposedEvent([
+      dp_sgd.dp_sgd_event(results["noise_multiplier"], 8, sampling_probability=50 / 800),
+      events.GaussianEvent(3.0)])
+  want = rdp_accountant.RdpAccountant().compose(composed).get_epsilon(1e-5)
+  assert results["epsilon"] == pytest.approx(want, rel=1e-6)
+  assert 4.5 < results["epsilon"] <= 5.0
+  assert "private checkpoint choice: generator step" in stdout
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--validation_size=100"], "--validation_size and --checkpoint_every go together"),
+    (["--checkpoint_every=3"], "--checkpoint_every must be 0 or a positive multiple"),
+    (["--validation_size=-1"], "--validation_size must be >= 0"),
+    (["--validation_size=100", "--checkpoint_every=4", "--selection_noise_multiplier=0"],
+     "--selection_noise_multiplier must be finite and > 0"),
+    (["--validation_size=100", "--checkpoint_every=4", "--selection_epochs=0"],
+     "--selection_epochs must be >= 1"),
+])
+def test_dpgan_tutorial_refuses_bad_selection_flags_before_training(tmp_path, flags, match):
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+  cmd = [sys.executable, os.path.join(ROOT, "tutorials", "mnist_dpgan_tutorial.py"),
+         f"--output_dir={tmp_path}", "--log_every=4", *flags]
+  result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+  assert result.returncode != 0 and match in result.stderr + result.stdout
+  assert not (tmp_path / "results.json").exists()

@@ -26,7 +26,7 @@ from tf_dpkit.generative.evaluation import (TABULAR_CLASSIFIERS, binary_auprc, b
                                             frechet_distance_from_features,
                                             mnist_feature_extractor, save_sample_grid,
                                             tabular_classifier, tstr_accuracy, tstr_classifier,
-                                            tstr_tabular)
+                                            tstr_correct, tstr_tabular)
 from tf_dpkit.generative.networks import (ROW_STATISTICS, RowStatistics, conv_discriminator,
                                           conv_generator, mlp_discriminator, mlp_generator,
                                           sequence_discriminator, sequence_generator,
@@ -40,6 +40,7 @@ __all__ = [
     "DPGAN", "GRADIENT_PENALTY_REFUSED", "LOSSES", "check_discriminator_examples_independent",
     "sample", "clear_feature_cache", "frechet_distance", "frechet_distance_from_features",
     "mnist_feature_extractor", "save_sample_grid", "tstr_accuracy", "tstr_classifier",
+    "tstr_correct",
     "TABULAR_CLASSIFIERS", "binary_auroc", "binary_auprc", "tabular_classifier", "tstr_tabular",
     "mlp_discriminator", "mlp_generator", "conv_discriminator", "conv_generator",
     "sequence_discriminator", "sequence_generator", "ROW_STATISTICS", "RowStatistics",

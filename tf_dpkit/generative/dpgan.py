@@ -153,11 +153,20 @@ class DPGAN:
       (``tf_dpkit.private_gradients``).
     accountant: ``"rdp"`` or ``"pld"`` (``tf_dpkit.budget.PrivacyLedger``).
     delta: delta in (0, 1) at which epsilon is reported and the budget enforced; default 1e-5.
+    generator_ema: ``None`` (default) or the decay d in [0, 1) of an exponential moving average
+      of the generator's weights (all of them, BatchNormalization statistics included), kept
+      in :attr:`averaged_generator`: after generator step t every averaged weight becomes
+      ``a <- d_t a + (1 - d_t) w`` with ``d_t = min(d, (1 + t) / (10 + t))`` (the short
+      warm-up of ``tf.train.ExponentialMovingAverage``'s ``num_updates``), starting from the
+      initial weights.  A function of the generator's iterates only: post-processing, no
+      privacy cost.
 
   Attributes:
     accountant: the :class:`~tf_dpkit.budget.PrivacyLedger`; one recorded step per
       discriminator step.
     discriminator_optimizer: the tf_dpkit DP optimizer; generator_optimizer: a plain Keras one.
+    averaged_generator: with ``generator_ema``, a clone of the generator holding the moving
+      average of its weights (sample or save it like the generator); else None.
   """
 
   def __init__(self, generator, discriminator, *, latent_dim, num_classes=None,
@@ -165,7 +174,7 @@ class DPGAN:
                discriminator_steps=1, discriminator_learning_rate=2e-4,
                generator_learning_rate=2e-4, optimizer="adam", beta_1=0.5, weight_clip="auto",
                gradient_penalty=None, clip_fake_examples=True, seed=0, noise_seed=None,
-               method="auto", accountant="rdp", delta=1e-5):
+               method="auto", accountant="rdp", delta=1e-5, generator_ema=None):
     if gradient_penalty is not None and gradient_penalty != 0:
       raise ValueError(GRADIENT_PENALTY_REFUSED + f" Got gradient_penalty={gradient_penalty!r}.")
     check_built_models(generator=generator, discriminator=discriminator)
@@ -224,6 +233,17 @@ class DPGAN:
     # About 3 standard deviations of the Poisson batch size, a power of two >= 8.
     self._pad_multiple = 2 ** int(round(math.log2(max(8.0, 3.0 * math.sqrt(
         self.expected_batch_size)))))
+    self.generator_ema = None
+    self.averaged_generator = None
+    if generator_ema is not None:
+      decay = _checks.check_real("generator_ema", generator_ema)
+      if not 0.0 <= decay < 1.0:
+        raise ValueError(f"generator_ema must be None or a decay in [0, 1), got "
+                         f"{generator_ema!r}.")
+      self.generator_ema = decay
+      self.averaged_generator = keras.models.clone_model(generator)
+      self.averaged_generator.set_weights(generator.get_weights())
+      self._ema_updates = tf.Variable(0.0, trainable=False, dtype=tf.float32)
     self._g_step = _autograph.function(self._generator_step)
     self.history: list[dict] = []
 
@@ -308,7 +328,18 @@ class DPGAN:
     variables = self.generator.trainable_variables
     grads = tape.gradient(loss, variables)
     self.generator_optimizer.apply(grads, variables)
+    if self.averaged_generator is not None:
+      self._update_average()
     return {"generator_loss": loss}
+
+  def _update_average(self):
+    """``a <- d_t a + (1 - d_t) w`` for every generator weight (class docstring)."""
+    self._ema_updates.assign_add(1.0)
+    t = self._ema_updates
+    decay = tf.minimum(tf.constant(self.generator_ema, tf.float32), (1.0 + t) / (10.0 + t))
+    for averaged, current in zip(self.averaged_generator.weights, self.generator.weights):
+      d = tf.cast(decay, averaged.dtype)
+      averaged.assign(d * averaged + (1.0 - d) * tf.cast(current, averaged.dtype))
 
   def discriminator_step(self, x_real, y_real=None, weight=None, *, dataset_size=None):
     """Runs one private discriminator step on a real batch and records it in the accountant.
@@ -533,7 +564,7 @@ class DPGAN:
         "beta_1": self.beta_1, "weight_clip": self.weight_clip,
         "clip_fake_examples": self.clip_fake_examples, "seed": self.seed,
         "method": self.method, "accountant": self.accountant.accountant,
-        "delta": self.accountant.delta,
+        "delta": self.accountant.delta, "generator_ema": self.generator_ema,
     }
 
 

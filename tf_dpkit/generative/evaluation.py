@@ -12,6 +12,8 @@ reported for evaluation only.
   (the architecture of the feature extractor below).  Either way: Adam, cross-entropy on
   logits, the given epochs and batch size, no validation split, no early stopping, so the
   test set is read only once, by the final evaluation.
+  :func:`tstr_correct` gives the per-example outcomes (for a private choice among generators
+  on validation records, :mod:`tf_dpkit.selection`).
 * :func:`frechet_distance` -- ``||mu_a - mu_b||^2 + Tr(S_a + S_b - 2 (S_a S_b)^{1/2})``
   between Gaussians fitted (mean, covariance with ``n - 1``) to the features of two image sets,
   the FID formula of Heusel et al. 2017 with Inception replaced by an MNIST classifier.
@@ -86,9 +88,43 @@ def tstr_classifier(kind, input_shape, num_classes):
       keras.layers.Dense(num_classes)])
 
 
+def tstr_correct(x_synthetic, y_synthetic, x_test, y_test, *, num_classes=10, epochs=10,
+                 batch_size=128, learning_rate=1e-3, seed=0, classifier="mlp") -> np.ndarray:
+  """Per real example: does a classifier trained on the synthetic pairs label it correctly?
+
+  The classifier (:func:`tstr_classifier` of kind ``classifier``) is trained with Adam
+  (``learning_rate``) on the sparse softmax cross-entropy of the synthetic pairs for
+  ``epochs`` epochs of shuffled mini-batches of ``batch_size``.  Returns a bool array
+  ``[len(x_test)]``: entry i is True when the arg-max logit on ``x_test[i]`` equals
+  ``y_test[i]`` (ties go to the smallest class).  Each entry depends on its own real example
+  only, which is what a private selection on these records needs
+  (:func:`tf_dpkit.selection.select_privately`).  Arguments as :func:`tstr_accuracy`.
+  """
+  import keras  # pylint: disable=g-import-not-at-top
+  classifier = _checks.check_choice("classifier", classifier, TSTR_CLASSIFIERS)
+  num_classes = _checks.check_integer("num_classes", num_classes, minimum=2)
+  epochs = _checks.check_integer("epochs", epochs, minimum=1)
+  batch_size = _checks.check_integer("batch_size", batch_size, minimum=1)
+  learning_rate = _checks.check_finite_positive("learning_rate", learning_rate)
+  seed = _checks.check_integer("seed", seed, minimum=0)
+  x_synthetic, x_test = _images("x_synthetic", x_synthetic), _images("x_test", x_test)
+  if x_synthetic.shape[1:] != x_test.shape[1:]:
+    raise ValueError(f"x_synthetic images have shape {x_synthetic.shape[1:]}, x_test "
+                     f"{x_test.shape[1:]}.")
+  y_synthetic = _labels("y_synthetic", y_synthetic, len(x_synthetic), num_classes)
+  y_test = _labels("y_test", y_test, len(x_test), num_classes)
+  keras.utils.set_random_seed(seed)
+  model = tstr_classifier(classifier, x_synthetic.shape[1:], num_classes)
+  model.compile(optimizer=keras.optimizers.Adam(learning_rate),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  model.fit(x_synthetic, y_synthetic, epochs=epochs, batch_size=batch_size, verbose=0)
+  logits = np.asarray(model.predict(x_test, batch_size=1000, verbose=0))
+  return np.argmax(logits, axis=1) == y_test
+
+
 def tstr_accuracy(x_synthetic, y_synthetic, x_test, y_test, *, num_classes=10, epochs=10,
                   batch_size=128, learning_rate=1e-3, seed=0, classifier="mlp") -> float:
-  """Train-on-synthetic, test-on-real accuracy in [0, 1].
+  """Train-on-synthetic, test-on-real accuracy in [0, 1]: the mean of :func:`tstr_correct`.
 
   The classifier (:func:`tstr_classifier` of kind ``classifier``) is trained with Adam
   (``learning_rate``) on the sparse softmax cross-entropy of the synthetic pairs for
@@ -107,26 +143,9 @@ def tstr_accuracy(x_synthetic, y_synthetic, x_test, y_test, *, num_classes=10, e
       (``keras.utils.set_random_seed``, which also reseeds Python, NumPy and TensorFlow).
     classifier: ``"mlp"`` (default) or ``"cnn"`` (module docstring).
   """
-  import keras  # pylint: disable=g-import-not-at-top
-  classifier = _checks.check_choice("classifier", classifier, TSTR_CLASSIFIERS)
-  num_classes = _checks.check_integer("num_classes", num_classes, minimum=2)
-  epochs = _checks.check_integer("epochs", epochs, minimum=1)
-  batch_size = _checks.check_integer("batch_size", batch_size, minimum=1)
-  learning_rate = _checks.check_finite_positive("learning_rate", learning_rate)
-  seed = _checks.check_integer("seed", seed, minimum=0)
-  x_synthetic, x_test = _images("x_synthetic", x_synthetic), _images("x_test", x_test)
-  if x_synthetic.shape[1:] != x_test.shape[1:]:
-    raise ValueError(f"x_synthetic images have shape {x_synthetic.shape[1:]}, x_test "
-                     f"{x_test.shape[1:]}.")
-  y_synthetic = _labels("y_synthetic", y_synthetic, len(x_synthetic), num_classes)
-  y_test = _labels("y_test", y_test, len(x_test), num_classes)
-  keras.utils.set_random_seed(seed)
-  model = tstr_classifier(classifier, x_synthetic.shape[1:], num_classes)
-  model.compile(optimizer=keras.optimizers.Adam(learning_rate),
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                metrics=["accuracy"])
-  model.fit(x_synthetic, y_synthetic, epochs=epochs, batch_size=batch_size, verbose=0)
-  return float(model.evaluate(x_test, y_test, batch_size=1000, verbose=0)[1])
+  return float(np.mean(tstr_correct(
+      x_synthetic, y_synthetic, x_test, y_test, num_classes=num_classes, epochs=epochs,
+      batch_size=batch_size, learning_rate=learning_rate, seed=seed, classifier=classifier)))
 
 
 def _fingerprint(*arrays):
