@@ -60,7 +60,9 @@ def select_privately(record_scores, noise_multiplier, *, seed=None, ledger=None)
       or an integer in [0, 2**62) for reproducible noise (tests only).
     ledger: optional :class:`tf_dpkit.budget.PrivacyLedger`; the mechanism is recorded in it
       as one step of sampling probability 1 (the Gaussian mechanism itself), so its epsilon
-      composes with the training the ledger already holds.
+      composes with the training the ledger already holds.  Only this ledger is updated: a
+      copy of the training's ledger held elsewhere (e.g. a DP optimizer's ``privacy_ledger``
+      variable) does not include the choice.
 
   Returns:
     A :class:`Selection`.

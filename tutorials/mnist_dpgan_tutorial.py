@@ -120,6 +120,11 @@ def build_models():
 
 def check_flags():
   """Refuses inconsistent selection flags before anything is trained."""
+  if FLAGS.log_every < 1:
+    raise app.UsageError(f"--log_every must be >= 1, got {FLAGS.log_every}.")
+  if FLAGS.checkpoint_every > FLAGS.generator_steps:
+    raise app.UsageError(f"--checkpoint_every must be <= --generator_steps="
+                         f"{FLAGS.generator_steps}, got {FLAGS.checkpoint_every}.")
   if FLAGS.validation_size < 0:
     raise app.UsageError(f"--validation_size must be >= 0, got {FLAGS.validation_size}.")
   if FLAGS.checkpoint_every < 0 or (FLAGS.checkpoint_every and
@@ -225,6 +230,9 @@ def main(argv):
                 target_epsilon=FLAGS.target_epsilon if private else None,
                 sampling_seed=FLAGS.sampling_seed, log_every=FLAGS.log_every, callback=keep)
   choice = {}
+  if FLAGS.checkpoint_every and (not candidates or
+                                 candidates[-1][0] != run["generator_steps"]):
+    candidates.append((run["generator_steps"], source.get_weights()))  # the last is a candidate
   if FLAGS.validation_size:
     choice = choose_checkpoint(gan, source, candidates, validation)
     if private and gan.epsilon() > FLAGS.target_epsilon * (1 + 1e-9):

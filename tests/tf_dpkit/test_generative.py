@@ -658,6 +658,29 @@ def test_tstr_on_real_training_data_is_the_classifiers_ordinary_test_accuracy(cl
   assert wrong < 0.1
 
 
+def test_tstr_correct_is_per_record_and_its_mean_is_tstr_accuracy():
+  """Each entry is the arg-max of the trained classifier on that record against its label (a
+  hand-built copy of the classifier, same seed), and tstr_accuracy is their mean."""
+  x, y = _separable(240, 0)
+  xt, yt = _separable(60, 1)
+  yt = yt.copy()
+  yt[:10] = (yt[:10] + 1) % 3  # ten records with a wrong label: the classifier gets them wrong
+  got = generative.tstr_correct(x, y, xt, yt, num_classes=3, epochs=2, batch_size=32, seed=4,
+                                classifier="mlp")
+  assert got.dtype == bool and got.shape == (60,)
+  assert not got[:10].any() and got[10:].mean() > 0.9
+  keras.utils.set_random_seed(4)
+  model = keras.Sequential([keras.Input((12, 12, 1)), keras.layers.Flatten(),
+                            keras.layers.Dense(256, activation="relu"), keras.layers.Dense(3)])
+  model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  model.fit(x, y, epochs=2, batch_size=32, verbose=0)
+  np.testing.assert_array_equal(got, np.argmax(model.predict(xt, verbose=0), 1) == yt)
+  accuracy = generative.tstr_accuracy(x, y, xt, yt, num_classes=3, epochs=2, batch_size=32,
+                                      seed=4, classifier="mlp")
+  assert accuracy == pytest.approx(got.mean(), abs=1e-12)
+
+
 def test_tstr_classifier_argument_checks():
   x, y = _separable(8, 0)
   with pytest.raises(ValueError, match="classifier must be one of"):

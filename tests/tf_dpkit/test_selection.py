@@ -18,9 +18,10 @@ def _scores(n=40, k=4, seed=0):
 
 
 def test_one_record_moves_the_sums_by_at_most_sqrt_k():
-  """Brute force over every record of a random matrix and of the worst row (all ones): the
-  sensitivity the noise is scaled to holds; a row outside [0, 1] would break it, so it is
-  refused, not clipped."""
+  """The bound the noise is scaled to, checked by brute force over every record of a random
+  matrix and the worst row (all ones): a statement about the contract, not the code; the code's
+  part is refusing a row outside [0, 1] (which would break the bound) instead of clipping it,
+  and scaling the noise by sqrt(K) (the next test)."""
   k = 5
   scores = np.vstack([_scores(30, k), np.ones((1, k)), np.zeros((1, k))])
   full = scores.sum(axis=0)

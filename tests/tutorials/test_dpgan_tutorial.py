@@ -76,6 +76,8 @@ def test_dpgan_tutorial_private_checkpoint_choice_and_average(tmp_path):
     (["--validation_size=100"], "--validation_size and --checkpoint_every go together"),
     (["--checkpoint_every=3"], "--checkpoint_every must be 0 or a positive multiple"),
     (["--validation_size=-1"], "--validation_size must be >= 0"),
+    (["--validation_size=100", "--checkpoint_every=8", "--generator_steps=4"],
+     "--checkpoint_every must be <= --generator_steps=4"),
     (["--validation_size=100", "--checkpoint_every=4", "--selection_noise_multiplier=0"],
      "--selection_noise_multiplier must be finite and > 0"),
     (["--validation_size=100", "--checkpoint_every=4", "--selection_epochs=0"],

@@ -158,7 +158,9 @@ class DPGAN:
       in :attr:`averaged_generator`: after generator step t every averaged weight becomes
       ``a <- d_t a + (1 - d_t) w`` with ``d_t = min(d, (1 + t) / (10 + t))`` (the short
       warm-up of ``tf.train.ExponentialMovingAverage``'s ``num_updates``), starting from the
-      initial weights.  A function of the generator's iterates only: post-processing, no
+      initial weights (non-floating weights are copied).  BatchNormalization's moving
+      statistics are averaged like the rest, so they are not exactly the statistics of the
+      averaged weights.  A function of the generator's iterates only: post-processing, no
       privacy cost.
 
   Attributes:
@@ -337,7 +339,11 @@ class DPGAN:
     self._ema_updates.assign_add(1.0)
     t = self._ema_updates
     decay = tf.minimum(tf.constant(self.generator_ema, tf.float32), (1.0 + t) / (10.0 + t))
-    for averaged, current in zip(self.averaged_generator.weights, self.generator.weights):
+    for averaged, current in zip(self.averaged_generator.weights, self.generator.weights,
+                                 strict=True):
+      if not tf.as_dtype(averaged.dtype).is_floating:  # e.g. a counter: copied, not averaged
+        averaged.assign(current)
+        continue
       d = tf.cast(decay, averaged.dtype)
       averaged.assign(d * averaged + (1.0 - d) * tf.cast(current, averaged.dtype))
 
