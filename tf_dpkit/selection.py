@@ -5,10 +5,12 @@ Contract: ``record_scores[i, k]`` in [0, 1] is what validation record i contribu
 k's score (e.g. 1 when the classifier of candidate k labels record i correctly).  Adding or
 removing one record moves the vector of K sums by at most ``sqrt(K)`` in L2 norm, so adding
 ``N(0, (noise_multiplier * sqrt(K))^2)`` to each sum is one Gaussian mechanism with that
-noise multiplier (``analysis.events.GaussianEvent``), whatever the candidates are, provided
-they were produced without reading the validation records (an earlier DP mechanism on other
-data, public choices).  The noisy sums and their arg-max are released; nothing else about the
-validation records is.  Design and the composition with training: docs/design/generative.md
+noise multiplier (``analysis.events.GaussianEvent``; the same bound holds when one record is
+replaced), whatever the candidates are, provided each score reads only its own record and
+the candidates were produced without reading the records, or by earlier DP mechanisms
+(e.g. the training itself, on the same records) whose cost is composed with this one
+(adaptive composition).  The noisy sums and their arg-max are released; nothing else about
+the records is.  Design and the composition with training: docs/design/generative.md
 ("Choosing a checkpoint privately").
 """
 from __future__ import annotations

@@ -25,6 +25,11 @@ mapped back to the input's units (integer converter counts).
            steps (RDP accountant; add-or-remove-one adjacency, the DP-SGD convention).
   real     no generator: the real training split itself (the TSTR ceiling).
 ``--target_epsilon=inf``: no noise (no privacy; the "no noise" row).
+``--checkpoint_every=S`` (PATE-GAN): keep the generator every S iterations (and the last one)
+and release the one chosen by a private choice (tf_dpkit.selection.select_privately, noise
+multiplier ``--selection_noise_multiplier``) on the TSTR record scores of the training rows
+(generative.tstr_tabular_record_scores); the GNMax noise is calibrated so that the answers and
+the choice together meet --target_epsilon (data-independent, replace-one adjacency).
 ``--validation``: tune without the test split: hold out a stratified 20% of the TRAINING split
 (public seed), train on the rest and report TSTR on the held-out part.
 
@@ -52,8 +57,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from analysis import calibration  # noqa: E402
-from tf_dpkit import generative  # noqa: E402
+from analysis import calibration, events  # noqa: E402
+from tf_dpkit import generative, selection  # noqa: E402
 from tutorials.data import epileptic_seizure as data  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -114,6 +119,18 @@ flags.DEFINE_float("query_noise", 0.0, "Std of public noise added to the student
 flags.DEFINE_float("query_scale_noise", 0.0,
                    "Std s of the public log-normal rescaling exp(s e) of each query's deviation "
                    "from its mean (PATEGAN query_scale_noise).")
+flags.DEFINE_integer("checkpoint_every", 0,
+                     "PATE-GAN: keep the generator every this many iterations (a multiple of "
+                     "--log_every; the last iteration is always kept) and release the one a "
+                     "private choice on the training rows prefers; 0: release the last one.")
+flags.DEFINE_float("selection_noise_multiplier", 20.0,
+                   "Noise multiplier of the private choice among the kept generators (> 0).")
+flags.DEFINE_list("selection_class_weights", ["1", "1"],
+                  "Public weights (w0, w1) in [0, 1] of the per-record scores of the choice "
+                  "(generative.tstr_tabular_record_scores); never computed from the data.")
+flags.DEFINE_boolean("evaluate_candidates", False,
+                     "Also report the TSTR of every kept generator on the evaluation split "
+                     "(for studying the choice; not part of the release, does not change it).")
 flags.DEFINE_boolean("teacher_class_balance", True,
                      "Class-balanced teacher minibatches, each from the teacher's own shard.")
 # DP-GAN
@@ -158,14 +175,21 @@ def _discriminator(hidden, kind="network"):
   return generative.mlp_discriminator(2, (data.NUM_FEATURES,), hidden=_widths(hidden))
 
 
-def _train_pategan(u, y, private):
+def _choice_events():
+  """The events composed with the training: the private choice's, when there is one."""
+  if not FLAGS.checkpoint_every:
+    return ()
+  return (events.GaussianEvent(FLAGS.selection_noise_multiplier),)
+
+
+def _train_pategan(u, y, private, generator, callback=None):
   queries = FLAGS.iterations * FLAGS.student_steps * FLAGS.student_batch_size
-  noise = (generative.noise_scale_for_budget(FLAGS.target_epsilon, queries, FLAGS.delta)
+  noise = (generative.noise_scale_for_budget(FLAGS.target_epsilon, queries, FLAGS.delta,
+                                             also=_choice_events())
            if private else None)
   print(f"PATE-GAN: N={len(u)} teachers={FLAGS.num_teachers} (shards of ~"
         f"{len(u) // FLAGS.num_teachers}) answers planned={queries} GNMax sigma={noise} votes",
         flush=True)
-  generator = _generator()
   student = _discriminator(FLAGS.student_hidden, FLAGS.student)
   teachers = None
   if FLAGS.teacher_conv_filters or FLAGS.teacher_input == "row_statistics":
@@ -188,7 +212,7 @@ def _train_pategan(u, y, private):
       query_scale_noise=FLAGS.query_scale_noise, delta=FLAGS.delta)
   run = gan.fit(u, y, iterations=FLAGS.iterations,
                 target_epsilon=FLAGS.target_epsilon if private else None,
-                log_every=FLAGS.log_every)
+                log_every=FLAGS.log_every, callback=callback)
   info = {"epsilon_kind": ("data-independent (PateAccountant.data_independent_epsilon, "
                            "replace-one adjacency; publishable)" if private else
                            "inf (no noise)"),
@@ -197,7 +221,8 @@ def _train_pategan(u, y, private):
   return generator, run["epsilon"], info
 
 
-def _train_dpgan(u, y, private):
+def _train_dpgan(u, y, private, generator, callback=None):
+  del callback  # the private choice is offered for PATE-GAN only (check_flags)
   n = len(u)
   q = FLAGS.batch_size / n
   steps = FLAGS.dpgan_steps * FLAGS.discriminator_steps
@@ -205,7 +230,6 @@ def _train_dpgan(u, y, private):
            if private else 0.0)
   print(f"DP-GAN: N={n} q={q:.5f} discriminator steps={steps} noise_multiplier={sigma:.4f}",
         flush=True)
-  generator = _generator()
   discriminator = _discriminator(FLAGS.discriminator_hidden, FLAGS.dpgan_discriminator)
   gan = generative.DPGAN(
       generator, discriminator, latent_dim=FLAGS.latent_dim, num_classes=2,
@@ -241,6 +265,70 @@ def release(generator, num_rows, positive_fraction, seed, shift=False, scale_noi
   return data.from_unit(u), y
 
 
+def choose_generator(generator, candidates, x, y, evaluation):
+  """Private choice among ``candidates`` ([(iteration, weights)]) on the training rows
+  ``(x, y)``: each candidate's table is released as the final one would be, the four TSTR
+  classifiers are fitted on it and score every training row
+  (generative.tstr_tabular_record_scores), and tf_dpkit.selection.select_privately picks one.
+  Sets ``generator`` to the chosen weights; returns (what is released about the choice, its
+  event, the per-candidate evaluation TSTR when --evaluate_candidates)."""
+  weights = tuple(float(w) for w in FLAGS.selection_class_weights)
+  columns, studied = [], []
+  for iteration, candidate in candidates:
+    generator.set_weights(candidate)
+    x_syn, y_syn = release(generator, len(x), FLAGS.positive_fraction, FLAGS.seed,
+                           FLAGS.release_shift, FLAGS.release_scale_noise)
+    columns.append(generative.tstr_tabular_record_scores(
+        x_syn, y_syn, x, y, class_weights=weights, seed=FLAGS.seed))
+    if FLAGS.evaluate_candidates:
+      studied.append(round(generative.tstr_tabular(x_syn, y_syn, *evaluation,
+                                                   seed=FLAGS.seed)["auroc_mean"], 4))
+    print(f"candidate at iteration {iteration}: scored", flush=True)
+  chosen = selection.select_privately(np.stack(columns, axis=1),
+                                      FLAGS.selection_noise_multiplier)
+  generator.set_weights(candidates[chosen.index][1])
+  noisy = [round(float(v) / len(x), 4) for v in chosen.noisy_scores]
+  print(f"private choice: iteration {candidates[chosen.index][0]} (noisy mean record scores "
+        f"{noisy}, noise std {chosen.noise_stddev / len(x):.4f})", flush=True)
+  released = {"chosen_iteration": candidates[chosen.index][0],
+              "candidate_iterations": [iteration for iteration, _ in candidates],
+              "noisy_mean_record_scores": noisy,
+              "selection_noise_stddev": chosen.noise_stddev / len(x)}
+  return released, chosen.event, studied
+
+
+def check_flags():
+  """Refuses bad flags before any training."""
+  if not 0.0 <= FLAGS.positive_fraction <= 1.0:
+    raise app.UsageError(f"--positive_fraction must be in [0, 1], got {FLAGS.positive_fraction}.")
+  if not (math.isfinite(FLAGS.release_scale_noise) and FLAGS.release_scale_noise >= 0.0):
+    raise app.UsageError("--release_scale_noise must be finite and >= 0, got "
+                         f"{FLAGS.release_scale_noise}.")
+  if FLAGS.log_every < 1:
+    raise app.UsageError(f"--log_every must be >= 1, got {FLAGS.log_every}.")
+  if FLAGS.checkpoint_every < 0 or (FLAGS.checkpoint_every and
+                                    FLAGS.checkpoint_every % FLAGS.log_every):
+    raise app.UsageError(f"--checkpoint_every must be 0 or a positive multiple of --log_every="
+                         f"{FLAGS.log_every}, got {FLAGS.checkpoint_every}.")
+  if FLAGS.checkpoint_every > FLAGS.iterations:
+    raise app.UsageError(f"--checkpoint_every must be <= --iterations={FLAGS.iterations}, got "
+                         f"{FLAGS.checkpoint_every}.")
+  if FLAGS.checkpoint_every and FLAGS.method != "pategan":
+    raise app.UsageError("--checkpoint_every (the private choice) is offered for "
+                         f"--method=pategan only, got --method={FLAGS.method}.")
+  sigma = FLAGS.selection_noise_multiplier
+  if not (math.isfinite(sigma) and sigma > 0.0):
+    raise app.UsageError(f"--selection_noise_multiplier must be finite and > 0, got {sigma}.")
+  try:
+    weights = [float(w) for w in FLAGS.selection_class_weights]
+  except ValueError as error:
+    raise app.UsageError(f"--selection_class_weights must be two numbers in [0, 1], got "
+                         f"{FLAGS.selection_class_weights}.") from error
+  if len(weights) != 2 or not all(0.0 <= w <= 1.0 for w in weights):
+    raise app.UsageError(f"--selection_class_weights must be two numbers in [0, 1], got "
+                         f"{FLAGS.selection_class_weights}.")
+
+
 def write_csv(path, x, y):
   with gzip.open(path, "wt", encoding="ascii", compresslevel=6) as handle:
     handle.write(",".join((*data.COLUMNS, "y")) + "\n")
@@ -251,23 +339,36 @@ def write_csv(path, x, y):
 def main(argv):
   del argv
   start = time.time()
-  if not 0.0 <= FLAGS.positive_fraction <= 1.0:
-    raise ValueError(f"--positive_fraction must be in [0, 1], got {FLAGS.positive_fraction}.")
-  if not (math.isfinite(FLAGS.release_scale_noise) and FLAGS.release_scale_noise >= 0.0):
-    raise ValueError("--release_scale_noise must be finite and >= 0, got "
-                     f"{FLAGS.release_scale_noise}.")  # checked before training, not after
+  check_flags()  # before training, not after
   os.makedirs(FLAGS.output_dir, exist_ok=True)
   keras.utils.set_random_seed(FLAGS.seed)
   (x, y), (x_eval, y_eval) = _split()
   private = FLAGS.target_epsilon != math.inf
-  generator, info = None, {}
+  generator, info, choice, studied = None, {}, {}, []
   if FLAGS.method == "real":
     x_syn, y_syn, epsilon = x, y, math.inf
     info = {"epsilon_kind": "inf (the real training rows themselves)"}
   else:
     u = data.to_unit(x)  # public, data-independent map: no privacy cost
     train = _train_pategan if FLAGS.method == "pategan" else _train_dpgan
-    generator, epsilon, info = train(u, y, private)
+    candidates = []
+
+    def keep(logs):
+      if FLAGS.checkpoint_every and logs["iteration"] % FLAGS.checkpoint_every == 0:
+        candidates.append((logs["iteration"], generator.get_weights()))
+
+    generator = _generator()
+    generator, epsilon, info = train(u, y, private, generator, callback=keep)
+    if FLAGS.checkpoint_every:
+      if not candidates or candidates[-1][0] != info["iterations_done"]:
+        candidates.append((info["iterations_done"], generator.get_weights()))  # the last
+      choice, event, studied = choose_generator(generator, candidates, x, y, (x_eval, y_eval))
+      if private:
+        epsilon = generative.data_independent_epsilon(
+            info["pate_answers"], info["gnmax_sigma"], FLAGS.delta, also=(event,))
+        if epsilon > FLAGS.target_epsilon * (1 + 1e-9):
+          raise RuntimeError(f"epsilon {epsilon} exceeds --target_epsilon.")
+        info["epsilon_kind"] += "; composed with the private choice of the generator"
     path = os.path.join(FLAGS.output_dir, "generator.keras")
     generator.save(path)
     # Below: only the saved generator is used for the release.
@@ -280,7 +381,8 @@ def main(argv):
   frechet = generative.frechet_distance_from_features(data.to_unit(x_syn),
                                                       data.to_unit(x_eval))
   results = {
-      "method": FLAGS.method, "epsilon": epsilon, "delta": FLAGS.delta, **info,
+      "method": FLAGS.method, "epsilon": epsilon, "delta": FLAGS.delta, **info, **choice,
+      **({"candidate_tstr_auroc_mean": studied} if studied else {}),
       "evaluated_on": "validation (20% of the training split)" if FLAGS.validation
                       else "test split",
       "tstr_auroc_mean": tstr["auroc_mean"], "tstr_auprc_mean": tstr["auprc_mean"],
@@ -294,7 +396,8 @@ def main(argv):
           "latent_dim",
           "generator_hidden", "iterations", "num_teachers", "teacher_hidden", "teacher_conv_filters",
           "teacher_input", "student", "dpgan_discriminator", "query_scale_noise",
-          "release_shift", "release_scale_noise",
+          "release_shift", "release_scale_noise", "checkpoint_every",
+          "selection_noise_multiplier", "selection_class_weights", "evaluate_candidates",
           "teacher_batch_size", "teacher_steps", "student_steps", "student_batch_size",
           "student_hidden", "generator_batch_size", "teacher_learning_rate",
           "student_learning_rate", "generator_learning_rate", "vote", "vote_fraction",

@@ -86,3 +86,44 @@ def test_tstr_tabular_argument_checks():
     ev.tstr_tabular(xs, ys[:5], xs, ys)
   with pytest.raises(ValueError, match="classifiers must name at least one"):
     ev.tstr_tabular(xs, ys, xs, ys, classifiers=())
+
+
+def test_tstr_tabular_record_scores_closed_forms_locality_and_weights():
+  xs, ys = _separable(200, 0)
+  xr, yr = _separable(60, 1)
+  # One-class synthetic labels: every classifier says P(label 1) = 1, so a record scores
+  # w1 when its label is 1 and 0 otherwise (closed form).
+  ones = ev.tstr_tabular_record_scores(xs, np.ones(200, int), xr, yr, class_weights=(1.0, 0.7))
+  np.testing.assert_array_equal(ones, np.where(yr == 1, 0.7, 0.0))
+  # The mean of the classifiers' probabilities of each record's own label, against the
+  # probabilities recomputed from scikit-learn fits made here.
+  names = ("logistic_regression", "random_forest")
+  got = ev.tstr_tabular_record_scores(xs, ys, xr, yr, classifiers=names, seed=3)
+  p1 = np.mean([ev.tabular_classifier(n, 3).fit(xs, ys).predict_proba(xr)[:, 1] for n in names],
+               axis=0)
+  np.testing.assert_allclose(got, np.where(yr == 1, p1, 1.0 - p1), rtol=0, atol=1e-12)
+  assert got.min() >= 0.0 and got.max() <= 1.0 and got.mean() > 0.95  # separable
+  # Public class weights scale each class's scores.
+  half = ev.tstr_tabular_record_scores(xs, ys, xr, yr, classifiers=names, seed=3,
+                                       class_weights=(0.25, 1.0))
+  np.testing.assert_allclose(half, got * np.where(yr == 1, 1.0, 0.25), rtol=0, atol=1e-12)
+  # Locality (the selection's sensitivity bound): a record's score does not depend on the
+  # other records, so dropping or changing records leaves every other score as it was.
+  changed = xr.copy()
+  changed[0] += 100.0
+  again = ev.tstr_tabular_record_scores(xs, ys, changed[:-5], yr[:-5], classifiers=names,
+                                        seed=3)
+  np.testing.assert_array_equal(again[1:], got[1:-5])
+
+
+def test_tstr_tabular_record_scores_argument_checks():
+  xs, ys = _separable(20, 0)
+  for bad in ((1.2, 1.0), (0.5,), (-0.1, 1.0), (np.nan, 1.0)):
+    with pytest.raises(ValueError, match=r"class_weights must be two values \(w0, w1\) in"):
+      ev.tstr_tabular_record_scores(xs, ys, xs, ys, class_weights=bad)
+  with pytest.raises(ValueError, match="x_synthetic has 5 features, x_records 4"):
+    ev.tstr_tabular_record_scores(xs, ys, xs[:, :4], ys)
+  with pytest.raises(ValueError, match="y_records must be a 1-D array of 0/1"):
+    ev.tstr_tabular_record_scores(xs, ys, xs, ys + 2)
+  with pytest.raises(ValueError, match="x_records must be a non-empty finite"):
+    ev.tstr_tabular_record_scores(xs, ys, np.zeros((0, 5)), ys[:0])

@@ -172,6 +172,39 @@ def test_noise_scale_for_budget_and_affordable_queries():
     pg.data_independent_epsilon(1, 4.0, 1e-5, "lnmax")
 
 
+def test_data_independent_epsilon_composes_further_events():
+  """GNMax answers (each a Gaussian mechanism of sensitivity sqrt(2): mu^2 = 2 / s^2) composed
+  with a Gaussian choice of multiplier 20 (mu^2 = 1 / 400) form one Gaussian mechanism of
+  mu^2 = 2 n / s^2 + 1 / 400, whose exact epsilon at delta (Balle & Wang 2018:
+  delta = Phi(mu / 2 - eps / mu) - e^eps Phi(-mu / 2 - eps / mu)) is solved here by brentq;
+  the accountant's exact Gaussian composition must give it."""
+  from analysis import events  # pylint: disable=g-import-not-at-top
+
+  def exact(mu, delta):
+    gap = lambda e: (stats.norm.cdf(mu / 2 - e / mu)
+                     - math.exp(e) * stats.norm.cdf(-mu / 2 - e / mu) - delta)
+    return optimize.brentq(gap, 0.0, 100.0, xtol=1e-12)
+
+  choice = events.GaussianEvent(20.0)
+  got = pg.data_independent_epsilon(500, 30.0, 1e-5, also=[choice])
+  assert got == pytest.approx(exact(math.sqrt(2 * 500 / 30.0**2 + 1 / 400.0), 1e-5), rel=1e-6)
+  assert pg.data_independent_epsilon(500, 30.0, 1e-5) == pytest.approx(
+      exact(math.sqrt(2 * 500 / 30.0**2), 1e-5), rel=1e-6)
+  assert pg.data_independent_epsilon(0, 30.0, 1e-5, also=[choice]) == pytest.approx(
+      exact(1 / 20.0, 1e-5), rel=1e-6)
+  # Calibration with the choice: the answers and the choice together just meet the target.
+  s = pg.noise_scale_for_budget(3.0, 200, 1e-5, also=[choice])
+  assert pg.data_independent_epsilon(200, s, 1e-5, also=[choice]) <= 3.0
+  assert pg.data_independent_epsilon(200, s / 1.002, 1e-5, also=[choice]) > 3.0
+  assert s > pg.noise_scale_for_budget(3.0, 200, 1e-5)
+  n = pg.affordable_queries(3.0, s, 1e-5, also=[choice])
+  assert n >= 200 and pg.data_independent_epsilon(n + 1, s, 1e-5, also=[choice]) > 3.0
+  with pytest.raises(ValueError, match="out of reach: the events in also alone spend it"):
+    pg.noise_scale_for_budget(0.1, 200, 1e-5, also=[events.GaussianEvent(1.0)])
+  with pytest.raises(ValueError, match="also must hold analysis.events events"):
+    pg.data_independent_epsilon(10, 3.0, 1e-5, also=[0.5])
+
+
 def test_noise_key_never_written_and_aggregator_hidden(tmp_path, fitted):
   gan = fitted[0]
   gan.generator.save(tmp_path / "generator.keras")

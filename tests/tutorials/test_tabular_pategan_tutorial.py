@@ -6,6 +6,7 @@ cores (TSTR fits four classifiers on 9,200 rows), so in the slow suite."""
 import csv
 import gzip
 import json
+import math
 import os
 import subprocess
 import sys
@@ -108,3 +109,49 @@ def test_tabular_tutorial_statistics_recipe_and_public_release_randomisation(tmp
                  "--dpgan_discriminator=statistics", "--release_shift")
   assert results["flags"]["dpgan_discriminator"] == "statistics"
   assert 9.9 < results["epsilon"] <= 10.0 and results["discriminator_steps_done"] == 3
+
+
+@pytest.mark.slow
+def test_tabular_tutorial_private_choice_of_the_generator(tmp_path):
+  """--checkpoint_every: the kept iterations (and the last) are the candidates, the choice's
+  noisy mean scores are released with the noise std sigma sqrt(K) / n, and the reported epsilon
+  is that of the GNMax answers composed with the choice: one Gaussian mechanism of
+  mu^2 = 2 n / s^2 + 1 / sigma^2, whose exact epsilon (Balle & Wang 2018) is solved here."""
+  from scipy import optimize, stats  # pylint: disable=g-import-not-at-top
+  results = _run(tmp_path / "pg", "--target_epsilon=2", "--iterations=5", "--num_teachers=20",
+                 "--student_batch_size=8", "--log_every=2", "--checkpoint_every=2",
+                 "--selection_noise_multiplier=4", "--selection_class_weights=0.25,1",
+                 "--validation", "--evaluate_candidates")
+  assert results["candidate_iterations"] == [2, 4, 5]
+  assert results["chosen_iteration"] in (2, 4, 5)
+  assert len(results["noisy_mean_record_scores"]) == 3
+  assert len(results["candidate_tstr_auroc_mean"]) == 3
+  assert results["selection_noise_stddev"] == pytest.approx(4 * math.sqrt(3) / 7360)
+  assert results["pate_answers"] == 40
+  mu = math.sqrt(2 * 40 / results["gnmax_sigma"] ** 2 + 1 / 16)
+  gap = lambda e: (stats.norm.cdf(mu / 2 - e / mu)
+                   - math.exp(e) * stats.norm.cdf(-mu / 2 - e / mu) - 1e-5)
+  assert results["epsilon"] == pytest.approx(optimize.brentq(gap, 0.0, 50.0, xtol=1e-12),
+                                             rel=1e-6)
+  assert 1.98 < results["epsilon"] <= 2.0
+  assert "composed with the private choice" in results["epsilon_kind"]
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--checkpoint_every=3"], "--checkpoint_every must be 0 or a positive multiple"),
+    (["--checkpoint_every=4", "--iterations=2"], "--checkpoint_every must be <= --iterations=2"),
+    (["--checkpoint_every=2", "--method=dpgan"], "offered for --method=pategan only"),
+    (["--checkpoint_every=2", "--selection_noise_multiplier=0"],
+     "--selection_noise_multiplier must be finite and > 0"),
+    (["--checkpoint_every=2", "--selection_class_weights=1.5,1"],
+     "--selection_class_weights must be two numbers in [0, 1]"),
+    (["--checkpoint_every=2", "--selection_class_weights=1"],
+     "--selection_class_weights must be two numbers in [0, 1]"),
+])
+def test_tabular_tutorial_refuses_bad_choice_flags_before_training(tmp_path, flags, match):
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+  cmd = [sys.executable, os.path.join(ROOT, "tutorials", "tabular_pategan_tutorial.py"),
+         f"--output_dir={tmp_path}", "--log_every=2", *flags]
+  result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+  assert result.returncode != 0 and match in result.stderr + result.stdout
+  assert "PATE-GAN: N=" not in result.stdout and not (tmp_path / "results.json").exists()

@@ -26,7 +26,8 @@ from tf_dpkit.generative.evaluation import (TABULAR_CLASSIFIERS, binary_auprc, b
                                             frechet_distance_from_features,
                                             mnist_feature_extractor, save_sample_grid,
                                             tabular_classifier, tstr_accuracy, tstr_classifier,
-                                            tstr_correct, tstr_tabular)
+                                            tstr_correct, tstr_tabular,
+                                            tstr_tabular_record_scores)
 from tf_dpkit.generative.networks import (ROW_STATISTICS, RowStatistics, conv_discriminator,
                                           conv_generator, mlp_discriminator, mlp_generator,
                                           sequence_discriminator, sequence_generator,
@@ -42,6 +43,7 @@ __all__ = [
     "mnist_feature_extractor", "save_sample_grid", "tstr_accuracy", "tstr_classifier",
     "tstr_correct",
     "TABULAR_CLASSIFIERS", "binary_auroc", "binary_auprc", "tabular_classifier", "tstr_tabular",
+    "tstr_tabular_record_scores",
     "mlp_discriminator", "mlp_generator", "conv_discriminator", "conv_generator",
     "sequence_discriminator", "sequence_generator", "ROW_STATISTICS", "RowStatistics",
     "statistics_discriminator", "randomize_rows", "scale_about_mean", "PATEGAN",

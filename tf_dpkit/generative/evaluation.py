@@ -372,6 +372,38 @@ def binary_auprc(y_true, scores) -> float:
   return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
 
 
+def _tabular_inputs(x_synthetic, y_synthetic, x_test, y_test, classifiers, test_name):
+  """Checked arrays and classifier names shared by the tabular TSTR functions."""
+  xs, xt = np.asarray(x_synthetic, np.float64), np.asarray(x_test, np.float64)
+  for name, x in (("x_synthetic", xs), (test_name, xt)):
+    if x.ndim != 2 or x.shape[0] < 1 or not np.isfinite(x).all():
+      raise ValueError(f"{name} must be a non-empty finite [n, d] array, got shape {x.shape}.")
+  if xs.shape[1] != xt.shape[1]:
+    raise ValueError(f"x_synthetic has {xs.shape[1]} features, {test_name} {xt.shape[1]}.")
+  ys, yt = _binary("y_synthetic", y_synthetic), _binary("y_" + test_name[2:], y_test)
+  if len(ys) != len(xs) or len(yt) != len(xt):
+    raise ValueError(f"y_synthetic / y_{test_name[2:]} must have one label per row of "
+                     f"x_synthetic / {test_name}.")
+  classifiers = tuple(_checks.check_choice("classifiers", c, TABULAR_CLASSIFIERS)
+                      for c in classifiers)
+  if not classifiers:
+    raise ValueError("classifiers must name at least one of " + ", ".join(TABULAR_CLASSIFIERS))
+  return xs, ys, xt, yt, classifiers
+
+
+def _tabular_probabilities(xs, ys, xt, classifiers, seed):
+  """``{name: P(label 1 | row)}`` on the rows ``xt`` of each classifier fitted on the synthetic
+  rows (constant ``ys[0]`` when the synthetic labels hold one class only)."""
+  out = {}
+  for name in classifiers:
+    if len(np.unique(ys)) < 2:
+      out[name] = np.full(len(xt), float(ys[0]))
+    else:
+      model = tabular_classifier(name, seed).fit(xs, ys)
+      out[name] = model.predict_proba(xt)[:, list(model.classes_).index(1)]
+  return out
+
+
 def tstr_tabular(x_synthetic, y_synthetic, x_test, y_test, *,
                  classifiers=TABULAR_CLASSIFIERS, seed=0) -> dict:
   """Train on synthetic rows, test on real rows, for a binary label.
@@ -394,27 +426,51 @@ def tstr_tabular(x_synthetic, y_synthetic, x_test, y_test, *,
     ``{"auroc": {name: value}, "auprc": {name: value}, "auroc_mean": ..., "auprc_mean":
     ...}`` (means over ``classifiers``), all in [0, 1].
   """
-  xs, xt = np.asarray(x_synthetic, np.float64), np.asarray(x_test, np.float64)
-  for name, x in (("x_synthetic", xs), ("x_test", xt)):
-    if x.ndim != 2 or x.shape[0] < 1 or not np.isfinite(x).all():
-      raise ValueError(f"{name} must be a non-empty finite [n, d] array, got shape {x.shape}.")
-  if xs.shape[1] != xt.shape[1]:
-    raise ValueError(f"x_synthetic has {xs.shape[1]} features, x_test {xt.shape[1]}.")
-  ys, yt = _binary("y_synthetic", y_synthetic), _binary("y_test", y_test)
-  if len(ys) != len(xs) or len(yt) != len(xt):
-    raise ValueError("y_synthetic / y_test must have one label per row of x_synthetic / x_test.")
-  classifiers = tuple(_checks.check_choice("classifiers", c, TABULAR_CLASSIFIERS)
-                      for c in classifiers)
-  if not classifiers:
-    raise ValueError("classifiers must name at least one of " + ", ".join(TABULAR_CLASSIFIERS))
+  xs, ys, xt, yt, classifiers = _tabular_inputs(x_synthetic, y_synthetic, x_test, y_test,
+                                                classifiers, "x_test")
   auroc, auprc = {}, {}
-  for name in classifiers:
-    if len(np.unique(ys)) < 2:
-      score = np.full(len(yt), float(ys[0]))
-    else:
-      model = tabular_classifier(name, seed).fit(xs, ys)
-      score = model.predict_proba(xt)[:, list(model.classes_).index(1)]
+  for name, score in _tabular_probabilities(xs, ys, xt, classifiers, seed).items():
     auroc[name], auprc[name] = binary_auroc(yt, score), binary_auprc(yt, score)
   return {"auroc": auroc, "auprc": auprc,
           "auroc_mean": float(np.mean(list(auroc.values()))),
           "auprc_mean": float(np.mean(list(auprc.values())))}
+
+
+def tstr_tabular_record_scores(x_synthetic, y_synthetic, x_records, y_records, *,
+                               classifiers=TABULAR_CLASSIFIERS, class_weights=(1.0, 1.0),
+                               seed=0) -> np.ndarray:
+  """Per real record: how well the synthetic-trained classifiers label it, in [0, 1].
+
+  ``score_i = w[y_i] * mean_c p_c(y_i | x_i)``: ``p_c`` the probability that classifier ``c``
+  of ``classifiers`` (fitted on the synthetic rows exactly as in :func:`tstr_tabular`) gives
+  record i's own label, ``w`` = ``class_weights``.  Each entry depends on its own record only
+  (the classifiers see only synthetic rows), so one record moves the sum of the scores by at
+  most ``max(w)`` <= 1: the bounded per-record scores that
+  :func:`tf_dpkit.selection.select_privately` needs to choose among generators.  Public
+  weights ``w = (p1, 1)`` with ``p1`` the fraction of label 1 make the sum ``p1`` times the
+  class-balanced sum (equal weight to each class, as AUROC gives); the weights must not be
+  computed from the private records.
+
+  Args:
+    x_synthetic: ``[n, d]`` finite features and ``[n]`` 0/1 labels.
+    y_synthetic: see ``x_synthetic`` (described together).
+    x_records: ``[m, d]`` real features and ``[m]`` 0/1 labels.
+    y_records: see ``x_records`` (described together).
+    classifiers: names from :data:`TABULAR_CLASSIFIERS`.
+    class_weights: ``(w0, w1)``, each finite and in [0, 1] (public constants).
+    seed: integer in [0, 2**32).
+
+  Returns:
+    ``[m]`` float64 scores in [0, 1].
+  """
+  xs, ys, xr, yr, classifiers = _tabular_inputs(x_synthetic, y_synthetic, x_records,
+                                                y_records, classifiers, "x_records")
+  weights = np.asarray(class_weights, np.float64)
+  if (weights.shape != (2,) or not np.isfinite(weights).all() or np.any(weights < 0.0)
+      or np.any(weights > 1.0)):
+    raise ValueError(f"class_weights must be two values (w0, w1) in [0, 1], got "
+                     f"{class_weights!r}.")
+  probabilities = _tabular_probabilities(xs, ys, xr, classifiers, seed)
+  p1 = np.mean(np.stack(list(probabilities.values())), axis=0)
+  own = np.where(yr == 1, p1, 1.0 - p1)
+  return np.clip(weights[yr] * own, 0.0, 1.0)

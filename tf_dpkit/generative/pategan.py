@@ -175,45 +175,62 @@ def _unit_event(aggregator, noise_scale):
   return event
 
 
-def data_independent_epsilon(num_queries, noise_scale, delta, aggregator="gnmax"):
+def data_independent_epsilon(num_queries, noise_scale, delta, aggregator="gnmax", *, also=()):
   """Publishable epsilon (nats) at ``delta`` of ``num_queries`` PATE answers.
 
   Exactly what :meth:`analysis.pate.PateAccountant.data_independent_epsilon` reports after
   ``num_queries`` GNMax answers of noise std ``noise_scale`` votes (RDP ``lambda / s^2`` per
-  answer): the accountant's own ledger event for one answer, self-composed.
+  answer): the accountant's own ledger event for one answer, self-composed, then composed
+  with the events ``also``.
 
   Args:
     num_queries: integer >= 0.
     noise_scale: finite, > 0 (votes).
     delta: in (0, 1).
     aggregator: ``"gnmax"`` (the only one offered; module docstring).
+    also: :mod:`analysis.events` events of further data-independent mechanisms on the same
+      records under the same (replace-one) adjacency, composed with the answers, e.g. the
+      ``GaussianEvent`` of a private checkpoint choice (:mod:`tf_dpkit.selection`).
   """
   num_queries = _checks.check_integer("num_queries", num_queries, minimum=0)
   noise_scale = _checks.check_finite_positive("noise_scale", noise_scale)
   delta = _checks.check_delta("delta", delta)
   aggregator = _checks.check_choice("aggregator", aggregator, PATE_AGGREGATORS)
-  if num_queries == 0:
+  also = tuple(also)
+  for event in also:
+    if not isinstance(event, _events.DpEvent):
+      raise ValueError(f"also must hold analysis.events events, got {event!r}.")
+  if num_queries == 0 and not also:
     return 0.0
   total = pate_analysis.PateAccountant()
-  total.compose(_events.SelfComposedEvent(_unit_event(aggregator, noise_scale), num_queries))
+  if num_queries:
+    total.compose(_events.SelfComposedEvent(_unit_event(aggregator, noise_scale), num_queries))
+  for event in also:
+    total.compose(event)
   return total.data_independent_epsilon(delta)
 
 
-def affordable_queries(target_epsilon, noise_scale, delta, aggregator="gnmax"):
-  """Largest number of answers whose :func:`data_independent_epsilon` is <= target (None if
-  more than 2**40 fit)."""
+def affordable_queries(target_epsilon, noise_scale, delta, aggregator="gnmax", *, also=()):
+  """Largest number of answers whose :func:`data_independent_epsilon` (with ``also``) is <=
+  target (None if more than 2**40 fit)."""
   target_epsilon = _checks.check_finite_positive("target_epsilon", target_epsilon)
-  fits = lambda n: data_independent_epsilon(n, noise_scale, delta, aggregator) <= target_epsilon
+  fits = lambda n: (data_independent_epsilon(n, noise_scale, delta, aggregator, also=also)
+                    <= target_epsilon)
   affordable = calibration.largest_count_that_fits(fits, start=1)
   return None if affordable is None else max(affordable, 0)
 
 
-def noise_scale_for_budget(target_epsilon, num_queries, delta, aggregator="gnmax"):
+def noise_scale_for_budget(target_epsilon, num_queries, delta, aggregator="gnmax", *, also=()):
   """Smallest noise scale (votes, to 0.1% relative) at which ``num_queries`` answers have
-  :func:`data_independent_epsilon` <= ``target_epsilon`` (finite, > 0)."""
+  :func:`data_independent_epsilon` (composed with ``also``) <= ``target_epsilon`` (finite,
+  > 0)."""
   target_epsilon = _checks.check_finite_positive("target_epsilon", target_epsilon)
   num_queries = _checks.check_integer("num_queries", num_queries, minimum=1)
-  eps = lambda s: data_independent_epsilon(num_queries, s, delta, aggregator)
+  also = tuple(also)
+  if also and data_independent_epsilon(0, 1.0, delta, aggregator, also=also) >= target_epsilon:
+    raise ValueError(f"target_epsilon={target_epsilon} is out of reach: the events in also "
+                     f"alone spend it at delta={delta}.")
+  eps = lambda s: data_independent_epsilon(num_queries, s, delta, aggregator, also=also)
   low, high = 1e-3, 1.0
   while eps(high) > target_epsilon:
     low, high = high, high * 2.0
