@@ -6,6 +6,7 @@ The evaluation uses real data and is not part of any differentially private rele
 """
 from __future__ import annotations
 
+import math
 import os
 
 import keras
@@ -13,6 +14,26 @@ import numpy as np
 
 from tf_dpkit import generative
 from tf_dpkit.data import mnist
+
+
+def check_choice_flags(checkpoint_every, log_every, total, total_flag,
+                       selection_noise_multiplier):
+  """Raises ``absl.app.UsageError`` naming the flag when the private checkpoint choice's flags
+  are out of range: ``--log_every`` >= 1, ``--checkpoint_every`` 0 or a positive multiple of
+  it and at most ``total`` (the value of ``total_flag``), ``--selection_noise_multiplier``
+  finite and > 0."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  if log_every < 1:
+    raise app.UsageError(f"--log_every must be >= 1, got {log_every}.")
+  if checkpoint_every < 0 or (checkpoint_every and checkpoint_every % log_every):
+    raise app.UsageError(f"--checkpoint_every must be 0 or a positive multiple of --log_every="
+                         f"{log_every}, got {checkpoint_every}.")
+  if checkpoint_every > total:
+    raise app.UsageError(f"--checkpoint_every must be <= {total_flag}={total}, got "
+                         f"{checkpoint_every}.")
+  if not (selection_noise_multiplier > 0 and math.isfinite(selection_noise_multiplier)):
+    raise app.UsageError(f"--selection_noise_multiplier must be finite and > 0, got "
+                         f"{selection_noise_multiplier}.")
 
 
 def load_mnist(train_size=None, test_size=None):

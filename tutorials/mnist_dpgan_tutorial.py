@@ -120,24 +120,14 @@ def build_models():
 
 def check_flags():
   """Refuses inconsistent selection flags before anything is trained."""
-  if FLAGS.log_every < 1:
-    raise app.UsageError(f"--log_every must be >= 1, got {FLAGS.log_every}.")
-  if FLAGS.checkpoint_every > FLAGS.generator_steps:
-    raise app.UsageError(f"--checkpoint_every must be <= --generator_steps="
-                         f"{FLAGS.generator_steps}, got {FLAGS.checkpoint_every}.")
   if FLAGS.validation_size < 0:
     raise app.UsageError(f"--validation_size must be >= 0, got {FLAGS.validation_size}.")
-  if FLAGS.checkpoint_every < 0 or (FLAGS.checkpoint_every and
-                                    FLAGS.checkpoint_every % FLAGS.log_every):
-    raise app.UsageError(f"--checkpoint_every must be 0 or a positive multiple of --log_every="
-                         f"{FLAGS.log_every}, got {FLAGS.checkpoint_every}.")
+  generative_common.check_choice_flags(FLAGS.checkpoint_every, FLAGS.log_every,
+                                       FLAGS.generator_steps, "--generator_steps",
+                                       FLAGS.selection_noise_multiplier)
   if bool(FLAGS.validation_size) != bool(FLAGS.checkpoint_every):
     raise app.UsageError("--validation_size and --checkpoint_every go together: the private "
                          "checkpoint choice needs both (or neither).")
-  if not (FLAGS.selection_noise_multiplier > 0 and
-          math.isfinite(FLAGS.selection_noise_multiplier)):
-    raise app.UsageError(f"--selection_noise_multiplier must be finite and > 0, got "
-                         f"{FLAGS.selection_noise_multiplier}.")
   for name in ("selection_samples", "selection_epochs"):
     if FLAGS[name].value < 1:
       raise app.UsageError(f"--{name} must be >= 1, got {FLAGS[name].value}.")

@@ -37,7 +37,13 @@ Writes to --output_dir:
   synthetic.csv.gz  columns X1..X178 (integer counts) and y (0/1); one row per training row.
   results.json      epsilon, delta, epsilon_kind, TSTR AUROC/AUPRC per classifier and their
                     means (tf_dpkit.generative.tstr_tabular: logistic regression, random
-                    forest, gradient boosting, MLP), settings.
+                    forest, gradient boosting, MLP), settings; with --checkpoint_every the
+                    choice's release (chosen_iteration, candidate_iterations,
+                    noisy_mean_record_scores, selection_noise_stddev) and, with
+                    --evaluate_candidates, candidate_tstr_auroc_mean: every candidate's TSTR
+                    on the evaluation split, a study of the choice that the choice never reads.
+                    The per-iteration log lines' epsilon counts the PATE answers only; the
+                    final line's includes the choice.
   generator.keras   the generator (no data, no teacher, no noise key), not for --method=real.
 The evaluation reads the real test split (or the validation part) and is not part of the DP
 release.
@@ -59,6 +65,7 @@ from absl import app, flags  # noqa: E402
 
 from analysis import calibration, events  # noqa: E402
 from tf_dpkit import generative, selection  # noqa: E402
+from tutorials import generative_common  # noqa: E402
 from tutorials.data import epileptic_seizure as data  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -304,21 +311,13 @@ def check_flags():
   if not (math.isfinite(FLAGS.release_scale_noise) and FLAGS.release_scale_noise >= 0.0):
     raise app.UsageError("--release_scale_noise must be finite and >= 0, got "
                          f"{FLAGS.release_scale_noise}.")
-  if FLAGS.log_every < 1:
-    raise app.UsageError(f"--log_every must be >= 1, got {FLAGS.log_every}.")
-  if FLAGS.checkpoint_every < 0 or (FLAGS.checkpoint_every and
-                                    FLAGS.checkpoint_every % FLAGS.log_every):
-    raise app.UsageError(f"--checkpoint_every must be 0 or a positive multiple of --log_every="
-                         f"{FLAGS.log_every}, got {FLAGS.checkpoint_every}.")
-  if FLAGS.checkpoint_every > FLAGS.iterations:
-    raise app.UsageError(f"--checkpoint_every must be <= --iterations={FLAGS.iterations}, got "
-                         f"{FLAGS.checkpoint_every}.")
+  generative_common.check_choice_flags(FLAGS.checkpoint_every, FLAGS.log_every,
+                                       FLAGS.iterations, "--iterations",
+                                       FLAGS.selection_noise_multiplier)
   if FLAGS.checkpoint_every and FLAGS.method != "pategan":
     raise app.UsageError("--checkpoint_every (the private choice) is offered for "
                          f"--method=pategan only, got --method={FLAGS.method}.")
   sigma = FLAGS.selection_noise_multiplier
-  if not (math.isfinite(sigma) and sigma > 0.0):
-    raise app.UsageError(f"--selection_noise_multiplier must be finite and > 0, got {sigma}.")
   try:
     weights = [float(w) for w in FLAGS.selection_class_weights]
   except ValueError as error:
@@ -327,6 +326,13 @@ def check_flags():
   if len(weights) != 2 or not all(0.0 <= w <= 1.0 for w in weights):
     raise app.UsageError(f"--selection_class_weights must be two numbers in [0, 1], got "
                          f"{FLAGS.selection_class_weights}.")
+  if (FLAGS.checkpoint_every and FLAGS.target_epsilon != math.inf and
+      generative.data_independent_epsilon(0, 1.0, FLAGS.delta, also=_choice_events())
+      >= FLAGS.target_epsilon):
+    raise app.UsageError(
+        f"--selection_noise_multiplier={sigma} alone spends --target_epsilon="
+        f"{FLAGS.target_epsilon} at --delta={FLAGS.delta}: raise either, or drop "
+        "--checkpoint_every.")
 
 
 def write_csv(path, x, y):
@@ -362,13 +368,15 @@ def main(argv):
     if FLAGS.checkpoint_every:
       if not candidates or candidates[-1][0] != info["iterations_done"]:
         candidates.append((info["iterations_done"], generator.get_weights()))  # the last
-      choice, event, studied = choose_generator(generator, candidates, x, y, (x_eval, y_eval))
-      if private:
+      if private:  # the choice's event is fixed in advance: check before it runs
         epsilon = generative.data_independent_epsilon(
-            info["pate_answers"], info["gnmax_sigma"], FLAGS.delta, also=(event,))
+            info["pate_answers"], info["gnmax_sigma"], FLAGS.delta, also=_choice_events())
         if epsilon > FLAGS.target_epsilon * (1 + 1e-9):
-          raise RuntimeError(f"epsilon {epsilon} exceeds --target_epsilon.")
+          raise RuntimeError(f"epsilon {epsilon} would exceed --target_epsilon.")
         info["epsilon_kind"] += "; composed with the private choice of the generator"
+      choice, event, studied = choose_generator(generator, candidates, x, y, (x_eval, y_eval))
+      if (event,) != _choice_events():
+        raise RuntimeError(f"the choice ran as {event}, accounted as {_choice_events()}.")
     path = os.path.join(FLAGS.output_dir, "generator.keras")
     generator.save(path)
     # Below: only the saved generator is used for the release.

@@ -203,6 +203,13 @@ def test_data_independent_epsilon_composes_further_events():
     pg.noise_scale_for_budget(0.1, 200, 1e-5, also=[events.GaussianEvent(1.0)])
   with pytest.raises(ValueError, match="also must hold analysis.events events"):
     pg.data_independent_epsilon(10, 3.0, 1e-5, also=[0.5])
+  # A one-shot iterable is read once: the answers' count still includes the choice each time.
+  assert pg.affordable_queries(3.0, s, 1e-5, also=(e for e in [choice])) == n
+  # When the events in also spend the budget alone, no answer is affordable.
+  assert pg.affordable_queries(0.1, 30.0, 1e-5, also=[events.GaussianEvent(1.0)]) == 0
+  with pytest.raises(ValueError, match="PateAccountant composes PATE queries"):
+    pg.data_independent_epsilon(10, 3.0, 1e-5, also=[events.PoissonSampledEvent(
+        0.1, events.GaussianEvent(1.0))])
 
 
 def test_noise_key_never_written_and_aggregator_hidden(tmp_path, fitted):

@@ -446,10 +446,12 @@ def tstr_tabular_record_scores(x_synthetic, y_synthetic, x_records, y_records, *
   record i's own label, ``w`` = ``class_weights``.  Each entry depends on its own record only
   (the classifiers see only synthetic rows), so one record moves the sum of the scores by at
   most ``max(w)`` <= 1: the bounded per-record scores that
-  :func:`tf_dpkit.selection.select_privately` needs to choose among generators.  Public
-  weights ``w = (p1, 1)`` with ``p1`` the fraction of label 1 make the sum ``p1`` times the
-  class-balanced sum (equal weight to each class, as AUROC gives); the weights must not be
-  computed from the private records.
+  :func:`tf_dpkit.selection.select_privately` needs to choose among generators (for a fixed
+  number of records: with replace-one adjacency).  With ``p1`` the fraction of label 1, the
+  weights ``w = (p1 / (1 - p1), 1)`` make the sum ``n1 (mean_1 + mean_0)`` (``n1`` records of
+  label 1, ``mean_c`` the mean unweighted score over label c): the class-balanced sum, equal
+  weight to each class as AUROC gives.  ``p1`` must be a public number (e.g. from the data
+  set's description), never computed from the private records.
 
   Args:
     x_synthetic: ``[n, d]`` finite features and ``[n]`` 0/1 labels.

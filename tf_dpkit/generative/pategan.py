@@ -214,6 +214,7 @@ def affordable_queries(target_epsilon, noise_scale, delta, aggregator="gnmax", *
   """Largest number of answers whose :func:`data_independent_epsilon` (with ``also``) is <=
   target (None if more than 2**40 fit)."""
   target_epsilon = _checks.check_finite_positive("target_epsilon", target_epsilon)
+  also = tuple(also)  # read many times below
   fits = lambda n: (data_independent_epsilon(n, noise_scale, delta, aggregator, also=also)
                     <= target_epsilon)
   affordable = calibration.largest_count_that_fits(fits, start=1)
