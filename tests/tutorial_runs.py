@@ -13,6 +13,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tutorials", "mnist_dpsgd_tutorial.py")
 
 
+def run_tutorial(name, *flags, timeout=300):
+  """Runs ``tutorials/<name>`` with ``flags`` in a subprocess from the repository root (CPU
+  only, TensorFlow's info logs off); returns the ``subprocess.CompletedProcess``."""
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+  cmd = [sys.executable, os.path.join(ROOT, "tutorials", name), *flags]
+  return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                        env=env)
+
+
 def run_mnist_tutorial(*flags, train=1024, test=500, batch=64, epochs=4, sigma=1.1,
                        clip=1.0, delta=1e-5, learning_rate=0.5, timeout=600):
   """``subprocess.CompletedProcess`` of the tutorial with these settings and extra ``flags``."""

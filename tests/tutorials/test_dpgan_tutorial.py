@@ -5,23 +5,18 @@ step, CNN TSTR only).  About 30 s on 2 cores, so in the slow suite; the
 default suite trains the library end to end in tests/tf_dpkit/test_generative.py."""
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import tutorial_runs
 
 
 def _run(tmp_path, epsilon, *extra):
-  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
-  cmd = [sys.executable, os.path.join(ROOT, "tutorials", "mnist_dpgan_tutorial.py"),
-         f"--output_dir={tmp_path}", f"--target_epsilon={epsilon}", "--train_size=1000",
-         "--test_size=500", "--generator_steps=8", "--batch_size=50", "--tstr_samples=200",
-         "--tstr_epochs=1", "--fd_samples=100", "--feature_epochs=1", "--log_every=4",
-         *extra]
-  result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+  result = tutorial_runs.run_tutorial(
+      "mnist_dpgan_tutorial.py", f"--output_dir={tmp_path}", f"--target_epsilon={epsilon}",
+      "--train_size=1000", "--test_size=500", "--generator_steps=8", "--batch_size=50",
+      "--tstr_samples=200", "--tstr_epochs=1", "--fd_samples=100", "--feature_epochs=1",
+      "--log_every=4", *extra, timeout=600)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   with open(tmp_path / "results.json", encoding="utf-8") as handle:
     return json.load(handle), result.stdout
@@ -84,9 +79,7 @@ def test_dpgan_tutorial_private_checkpoint_choice_and_average(tmp_path):
      "--selection_epochs must be >= 1"),
 ])
 def test_dpgan_tutorial_refuses_bad_selection_flags_before_training(tmp_path, flags, match):
-  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
-  cmd = [sys.executable, os.path.join(ROOT, "tutorials", "mnist_dpgan_tutorial.py"),
-         f"--output_dir={tmp_path}", "--log_every=4", *flags]
-  result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+  result = tutorial_runs.run_tutorial("mnist_dpgan_tutorial.py", f"--output_dir={tmp_path}",
+                                      "--log_every=4", *flags)
   assert result.returncode != 0 and match in result.stderr + result.stdout
   assert not (tmp_path / "results.json").exists()

@@ -8,19 +8,15 @@ import gzip
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import tutorial_runs
 
 
 def _run(out, *flags):
-  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
-  cmd = [sys.executable, os.path.join(ROOT, "tutorials", "tabular_pategan_tutorial.py"),
-         f"--output_dir={out}", *flags]
-  result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+  result = tutorial_runs.run_tutorial("tabular_pategan_tutorial.py", f"--output_dir={out}",
+                                      *flags, timeout=900)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   with open(os.path.join(out, "results.json"), encoding="utf-8") as handle:
     return json.load(handle)
@@ -95,11 +91,8 @@ def test_tabular_tutorial_statistics_recipe_and_public_release_randomisation(tmp
   # Integer counts after float32 round trips: equal up to one count of rounding.
   assert np.abs(released[:, :-1] - expected).max() <= 1
   # A bad release flag is refused before any training (the run ends within the start-up).
-  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
-  script = os.path.join(ROOT, "tutorials", "tabular_pategan_tutorial.py")
-  bad = subprocess.run([sys.executable, script, f"--output_dir={tmp_path / 'bad'}",
-                        "--release_scale_noise=-0.1"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+  bad = tutorial_runs.run_tutorial("tabular_pategan_tutorial.py",
+                                   f"--output_dir={tmp_path / 'bad'}", "--release_scale_noise=-0.1")
   assert bad.returncode != 0
   assert "--release_scale_noise must be finite and >= 0, got -0.1" in bad.stderr
   assert "PATE-GAN: N=" not in bad.stdout  # no training started
@@ -161,9 +154,7 @@ def test_tabular_tutorial_private_choice_of_the_generator(tmp_path):
      "--selection_noise_multiplier=0.5 alone spends --target_epsilon=1.0"),
 ])
 def test_tabular_tutorial_refuses_bad_choice_flags_before_training(tmp_path, flags, match):
-  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
-  cmd = [sys.executable, os.path.join(ROOT, "tutorials", "tabular_pategan_tutorial.py"),
-         f"--output_dir={tmp_path}", "--log_every=2", *flags]
-  result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+  result = tutorial_runs.run_tutorial("tabular_pategan_tutorial.py",
+                                      f"--output_dir={tmp_path}", "--log_every=2", *flags)
   assert result.returncode != 0 and match in result.stderr + result.stdout
   assert "PATE-GAN: N=" not in result.stdout and not (tmp_path / "results.json").exists()
