@@ -85,7 +85,7 @@ def __getattr__(name: str):
 
 def calibrate(event_of, target_epsilon: float, delta: float, *, accountant: str = "rdp",
               lower=None, upper=None, integer: bool = False, tolerance: float = 1e-4,
-              orders=None, name: str | None = None, context: str = ""):
+              orders=None, name: str | None = None, context: str = "", also=()):
   """The parameter of ``event_of`` that just meets ``(target_epsilon, delta)``.
 
   ``event_of(p)`` is the :mod:`analysis.events` event of the mechanism with parameter ``p``;
@@ -118,17 +118,21 @@ def calibrate(event_of, target_epsilon: float, delta: float, *, accountant: str 
     orders: Renyi orders for ``"rdp"`` (default ``rdp_accountant.DEFAULT_ORDERS``).
     name: the parameter's name in error messages (default ``"noise_multiplier"``).
     context: words appended to ``"at delta=..."`` in the "cannot be met" error.
+    also: events of other mechanisms on the same records (read once), composed with
+      ``event_of(p)``: the parameter returned makes the whole composition meet the target.
 
   Returns:
     A float (continuous) or an int (``integer``).
 
   Raises:
-    ValueError: an argument out of range (named in the message), or, continuous, a target not
-      met even at ``upper`` (the message names target_epsilon).
+    ValueError: an argument out of range (named in the message), a target that the ``also``
+      events alone already spend, or, continuous, a target not met even at ``upper`` (the
+      message names target_epsilon).
   """
   target_epsilon = check_positive("target_epsilon", target_epsilon)
   delta = check_delta("delta", delta)
   orders = _check_accountant_and_orders(accountant, orders)
+  event_of = _composed_with(event_of, also, target_epsilon, delta, accountant, orders)
   if integer:
     lower = 0 if lower is None else check_count("lower", lower, minimum=0)
     upper = 2**40 if upper is None else check_count("upper", upper, minimum=lower)
@@ -147,6 +151,23 @@ def calibrate(event_of, target_epsilon: float, delta: float, *, accountant: str 
   return _smallest_parameter(_epsilon_function(event_of, delta, accountant, orders),
                              target_epsilon, tolerance, run, lower, upper,
                              name or "noise_multiplier")
+
+
+def _composed_with(event_of, also, target_epsilon, delta, accountant, orders):
+  """``event_of`` composed with the events ``also``, after checking they leave some budget."""
+  also = tuple(also)
+  if not also:
+    return event_of
+  for event in also:
+    if not isinstance(event, events.DpEvent):
+      raise TypeError(f"also must hold analysis.events events, got {type(event).__name__}.")
+  spent = _accountants.make_accountant(accountant, orders=orders).compose(
+      events.ComposedEvent(also)).get_epsilon(delta)
+  if spent >= target_epsilon:
+    raise ValueError(f"target_epsilon={target_epsilon!r} is already spent by the also= events "
+                     f"alone (epsilon {spent:.4f} at delta={delta!r}); raise the target or "
+                     "their noise.")
+  return lambda p: events.ComposedEvent((event_of(p),) + also)
 
 
 def _epsilon_function(event_of, delta: float, accountant: str, orders):

@@ -516,7 +516,7 @@ def _check_accumulated_batches(budget, pipeline) -> None:
 
 def noise_multiplier_for_budget(target_epsilon, delta, dataset_size, batch_size, epochs, *,
                                 accountant="rdp", sampling="poisson", microbatch_size=1,
-                                steps_per_epoch=None):
+                                steps_per_epoch=None, also=()):
   """Train to a budget: the smallest noise multiplier meeting ``(target_epsilon, delta)``.
 
   The run is accounted exactly as :class:`PrivacyLedger` will account it (the same
@@ -533,6 +533,12 @@ def noise_multiplier_for_budget(target_epsilon, delta, dataset_size, batch_size,
     microbatch_size: examples per microbatch, integer >= 1;
     steps_per_epoch: batches per epoch for ``"shuffle"`` (default ``dataset_size //
       batch_size``; only whole epochs count).
+    also: ``analysis.events`` events of other mechanisms run on the same records (e.g. the
+      private feature statistics of ``tf_dpkit.features``), composed with the training: the
+      sigma returned makes the composition meet the target.
+
+  Raises:
+    ValueError: an argument out of range, or a target the ``also`` events alone exceed.
   """
   from analysis import calibration  # pylint: disable=g-import-not-at-top
   _checks.check_choice("sampling", sampling, SAMPLINGS)
@@ -540,7 +546,7 @@ def noise_multiplier_for_budget(target_epsilon, delta, dataset_size, batch_size,
       dataset_size, batch_size, epochs, sampling=sampling, microbatch_size=microbatch_size,
       steps_per_epoch=steps_per_epoch)
   return calibration.calibrate(
-      event_of, target_epsilon, delta, accountant=accountant,
+      event_of, target_epsilon, delta, accountant=accountant, also=also,
       context=f"for {steps} steps of {sampling} batches of {batch_size} from {dataset_size} "
               "examples")
 

@@ -30,6 +30,9 @@ def define_flags(default_learning_rate=0.15):
   flags.DEFINE_float("target_epsilon", None,
                      "Train to a budget: pick the noise multiplier for this epsilon and stop "
                      "before exceeding it.")
+  flags.DEFINE_bool("validation", False,
+                    "Tuning split: train on the first 50,000 training images and report accuracy "
+                    "on the last 10,000 (the test set is not read).")
   flags.DEFINE_integer("train_size", None, "Use only the first N training examples (tests).")
   flags.DEFINE_integer("test_size", None, "Use only the first N test examples (tests).")
   flags.DEFINE_integer("seed", 0, "Seed for weight initialisation (public; not for sampling).")
@@ -39,9 +42,17 @@ def define_flags(default_learning_rate=0.15):
                        "experiments (a known sampling seed reveals batch membership).")
 
 
+#: Training images kept for training under --validation; the rest are the validation split.
+VALIDATION_TRAIN_SIZE = 50_000
+
+
 def load_mnist():
-  """Returns float32 images in [0, 1] with a channel axis and int32 labels, sliced by flags."""
+  """Returns float32 images in [0, 1] with a channel axis and int32 labels, sliced by flags
+  (``--validation``: the last 10,000 training images take the test set's place)."""
   (x_train, y_train), (x_test, y_test) = mnist.load()
+  if FLAGS.validation:
+    x_test, y_test = x_train[VALIDATION_TRAIN_SIZE:], y_train[VALIDATION_TRAIN_SIZE:]
+    x_train, y_train = x_train[:VALIDATION_TRAIN_SIZE], y_train[:VALIDATION_TRAIN_SIZE]
   x_train, y_train = x_train[:FLAGS.train_size], y_train[:FLAGS.train_size]
   x_test, y_test = x_test[:FLAGS.test_size], y_test[:FLAGS.test_size]
   prep = lambda x: (x.astype(np.float32) / 255.0)[..., None]
@@ -70,16 +81,18 @@ def validate_flags():
         "are clipped per example.")
 
 
-def noise_multiplier(n):
-  """The flag's noise multiplier, or the calibrated one when --target_epsilon is given."""
+def noise_multiplier(n, also=()):
+  """The flag's noise multiplier, or the calibrated one when --target_epsilon is given (with the
+  events ``also`` of other mechanisms on the same records composed into the budget)."""
   if FLAGS.target_epsilon is None:
     return FLAGS.noise_multiplier
   from tf_dpkit.budget import noise_multiplier_for_budget  # pylint: disable=g-import-not-at-top
   sigma = noise_multiplier_for_budget(FLAGS.target_epsilon, FLAGS.delta, n, FLAGS.batch_size,
                                       FLAGS.epochs, sampling=FLAGS.sampling,
-                                      microbatch_size=microbatch_size())
+                                      microbatch_size=microbatch_size(), also=also)
   print(f"Train to a budget: noise_multiplier={sigma:.4f} meets epsilon={FLAGS.target_epsilon} "
-        f"at delta={FLAGS.delta} for {FLAGS.epochs} epochs.")
+        f"at delta={FLAGS.delta} for {FLAGS.epochs} epochs"
+        + (" composed with the feature statistics." if also else "."))
   return sigma
 
 
@@ -109,13 +122,15 @@ def sampling_note():
   return "shuffle-and-batch: no amplification by sampling claimed (q=1 per epoch)"
 
 
-def print_final_report(accountant: PrivacyLedger, test_accuracy: float):
+def print_final_report(accountant: PrivacyLedger, test_accuracy: float, steps=None):
   """Prints epsilon from RDP and PLD for what was recorded, in one parseable line (for
-  shuffled batches both are the exact Gaussian-mechanism epsilon)."""
+  shuffled batches both are the exact Gaussian-mechanism epsilon); ``steps``: the training
+  steps to print when the ledger also holds other mechanisms (default: the ledger's steps)."""
   state = accountant.state_dict()
   rdp = PrivacyLedger.from_state_dict({**state, "accountant": "rdp"}).epsilon()
   pld = PrivacyLedger.from_state_dict({**state, "accountant": "pld"}).epsilon()
-  print(f"final: steps={accountant.steps} test_accuracy={test_accuracy:.4f} "
+  steps = accountant.steps if steps is None else steps
+  print(f"final: steps={steps} test_accuracy={test_accuracy:.4f} "
         f"epsilon_rdp={rdp:.4f} epsilon_pld={pld:.4f} delta={accountant.delta:g} "
         f"sampling={FLAGS.sampling}")
   if FLAGS.sampling == "poisson":

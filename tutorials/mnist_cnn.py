@@ -21,3 +21,19 @@ def cnn_layers(keras, activation="relu"):
       keras.layers.Dense(32, activation=activation),
       keras.layers.Dense(10),
   ]
+
+
+def scatternet_cnn_layers(keras, activation="tanh", channels=81):
+  """Tramer & Boneh's (2021) CNN on ScatterNet features: input ``[7, 7, channels]``, Conv2D 16x3x3
+  stride 2 same, Conv2D 32x3x3 stride 1 same, Flatten, Dense 32, Dense 10 (logits); the hidden
+  layers use ``activation``."""
+  if activation not in ACTIVATIONS:
+    raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}.")
+  return [
+      keras.Input((7, 7, channels)),
+      keras.layers.Conv2D(16, 3, strides=2, padding="same", activation=activation),
+      keras.layers.Conv2D(32, 3, strides=1, padding="same", activation=activation),
+      keras.layers.Flatten(),
+      keras.layers.Dense(32, activation=activation),
+      keras.layers.Dense(10),
+  ]

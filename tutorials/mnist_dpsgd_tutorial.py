@@ -29,6 +29,18 @@ model are evaluated (``tf_dpkit.recipe``).  None of these changes the epsilon.
 
     python tutorials/mnist_dpsgd_tutorial.py --recipe=best                      # epsilon 3
     python tutorials/mnist_dpsgd_tutorial.py --recipe=best --target_epsilon=1   # 1024 x 15 epochs
+
+``--features=scattering`` trains Tramer & Boneh's (2021) small CNN on the 81 x 7 x 7 scattering
+transform of each image (``tf_dpkit.features.scattering_2d``: fixed filters, each image on its
+own, no privacy cost), standardised per channel with statistics released by the Gaussian
+mechanism (``tf_dpkit.features.private_channel_normalization``, ``--normalization_*`` flags);
+their cost is recorded in the run's ledger and composed into the noise calibration, so the
+epsilon printed covers both.  ``--recipe=scatternet`` sets the tuned values (``recipes.py``).
+``--validation`` trains on the first 50,000 training images and reports accuracy on the last
+10,000 instead of the test set (how the recipes were tuned).
+
+    python tutorials/mnist_dpsgd_tutorial.py --recipe=scatternet                      # epsilon 3
+    python tutorials/mnist_dpsgd_tutorial.py --recipe=scatternet --target_epsilon=1
 """
 from __future__ import annotations
 
@@ -39,15 +51,17 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import common  # noqa: E402
 import recipes  # noqa: E402
 import tf_dpkit  # noqa: E402
-from mnist_cnn import ACTIVATIONS  # noqa: E402
+from mnist_cnn import ACTIVATIONS, scatternet_cnn_layers  # noqa: E402
 from tf_dpkit import recipe as recipe_lib  # noqa: E402
-from tf_dpkit.budget import PrivacyBudget  # noqa: E402
+from tf_dpkit import features as features_lib  # noqa: E402
+from tf_dpkit.budget import PrivacyBudget, PrivacyLedger  # noqa: E402
 
 FLAGS = common.FLAGS
 common.define_flags()
@@ -73,8 +87,9 @@ flags.DEFINE_enum("dtype_policy", "float32", ["float32", "mixed_float16", "mixed
                   "half-precision compute, float32 logits).")
 flags.DEFINE_enum("recipe", "none", list(recipes.RECIPES),
                   "best: the tuned configuration of recipes.py (tanh, clip 0.1, batch 2048, 40 "
-                  "epochs, target epsilon 3, momentum, EMA, learning-rate tail); flags given "
-                  "explicitly override its values.")
+                  "epochs, target epsilon 3, momentum, EMA, learning-rate tail); scatternet: the "
+                  "same ingredients on --features=scattering; flags given explicitly override "
+                  "their values.")
 flags.DEFINE_enum("activation", "relu", list(ACTIVATIONS), "Activation of the CNN's hidden "
                   "layers (tanh: the tempered sigmoid of Papernot et al. 2020).")
 flags.DEFINE_float("momentum", 0.0, "SGD momentum in [0, 1) (Keras's rule; post-processing).",
@@ -83,13 +98,26 @@ flags.DEFINE_float("ema_momentum", None, "Exponential moving average of the weig
                    "momentum in [0, 1] (Keras use_ema); test accuracy is evaluated with the "
                    "averaged weights every epoch and the final model is the average. Default: "
                    "off.", lower_bound=0.0, upper_bound=1.0)
+flags.DEFINE_enum("features", "pixels", ["pixels", "scattering"],
+                  "pixels: the CNN on the images. scattering: Tramer & Boneh's CNN on the "
+                  "81 x 7 x 7 scattering transform (J=2, L=8; tf_dpkit.features, no privacy cost), "
+                  "standardised per channel with private statistics whose cost is composed "
+                  "into epsilon.")
+flags.DEFINE_float("normalization_noise_multiplier", 8.0,
+                   "--features=scattering: noise multiplier of each of the two noisy sums of the "
+                   "per-channel statistics (tf_dpkit.features.private_channel_normalization).")
+flags.DEFINE_float("normalization_mean_clip", 0.2,
+                   "--features=scattering: L2 clip of a record's 81 channel means.")
+flags.DEFINE_float("normalization_second_moment_clip", 0.06,
+                   "--features=scattering: L2 clip of a record's 81 channel mean squares.")
 flags.DEFINE_enum("lr_schedule", "constant", ["constant", "linear_decay_tail"],
                   "linear_decay_tail: --learning_rate, then linear over the last quarter of the "
                   "steps towards 0, floored at a tenth (tf_dpkit.recipe.LinearDecayTail).")
 
 #: The flags a recipe may set (recipes.py).
 _RECIPE_FLAGS = ("target_epsilon", "noise_multiplier", "activation", "l2_norm_clip", "momentum",
-                 "ema_momentum", "batch_size", "epochs", "learning_rate", "lr_schedule")
+                 "ema_momentum", "batch_size", "epochs", "learning_rate", "lr_schedule",
+                 "features")
 
 
 class EpochReport(keras.callbacks.Callback):
@@ -108,9 +136,13 @@ class EpochReport(keras.callbacks.Callback):
           f"{eps_text} elapsed={time.time() - self.start:.1f}s", flush=True)
 
 
-def _cnn_layers():
-  """The tutorial CNN; under a mixed-precision policy its logits are cast to float32."""
-  layers = common.cnn_layers(keras, FLAGS.activation)
+def _cnn_layers(channels=None):
+  """The tutorial CNN (``channels``: the ScatterNet CNN on that many feature channels); under a
+  mixed-precision policy its logits are cast to float32."""
+  if channels is None:
+    layers = common.cnn_layers(keras, FLAGS.activation)
+  else:
+    layers = scatternet_cnn_layers(keras, FLAGS.activation, channels)
   if FLAGS.dtype_policy != "float32":
     layers.append(keras.layers.Activation("linear", dtype="float32"))
   return layers
@@ -160,8 +192,15 @@ def _optimizer_options(steps):
 def main(argv):
   del argv
   _apply_recipe()
+  _check_feature_flags()
   keras.mixed_precision.set_global_policy(FLAGS.dtype_policy)
   (x_train, y_train), (x_test, y_test), n, steps = common.setup()
+  ledger = PrivacyLedger(FLAGS.delta)
+  channels, also = None, ()
+  if FLAGS.features == "scattering":
+    x_train, x_test, statistics = _scattering_features(x_train, x_test, ledger)
+    channels = x_train.shape[-1]
+    also = () if statistics is None else (statistics.event,)
   loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
   callbacks = [EpochReport()]
   if FLAGS.ema_momentum is not None:  # validation (the per-epoch test accuracy) on the average
@@ -170,8 +209,8 @@ def main(argv):
           f"(momentum {FLAGS.ema_momentum}).", flush=True)
   budget = None
   if FLAGS.dpsgd:
-    sigma = common.noise_multiplier(n)
-    model = tf_dpkit.DPSequential(_cnn_layers())
+    sigma = common.noise_multiplier(n, also)
+    model = tf_dpkit.DPSequential(_cnn_layers(channels))
     model.per_example_method = FLAGS.per_example_method
     poisson = FLAGS.sampling == "poisson"
     optimizer = tf_dpkit.DPGradientDescentGaussianOptimizer(
@@ -180,12 +219,12 @@ def main(argv):
         expected_batch_size=FLAGS.batch_size if poisson else None,
         gradient_accumulation_steps=FLAGS.gradient_accumulation_steps,
         **_optimizer_options(steps))
-    budget = PrivacyBudget(FLAGS.batch_size / n, FLAGS.delta, FLAGS.target_epsilon,
+    budget = PrivacyBudget(FLAGS.batch_size / n, target_epsilon=FLAGS.target_epsilon,
                            sampling=FLAGS.sampling, steps_per_epoch=steps,
-                           batch_size=FLAGS.batch_size)
+                           batch_size=FLAGS.batch_size, accountant=ledger)
     callbacks.insert(0, budget)
   else:
-    model = keras.Sequential(_cnn_layers())
+    model = keras.Sequential(_cnn_layers(channels))
     optimizer = keras.optimizers.SGD(  # Keras's own accumulation: no noise to keep apart
         gradient_accumulation_steps=FLAGS.gradient_accumulation_steps
         if FLAGS.gradient_accumulation_steps > 1 else None,
@@ -202,10 +241,52 @@ def main(argv):
                       validation_data=test, callbacks=callbacks, shuffle=False, verbose=0)
   accuracy = history.history["val_accuracy"][-1]
   if budget is not None:
-    common.print_final_report(budget.accountant, accuracy)
+    # The ledger also holds the feature statistics (two steps of q = 1) when --features=scattering.
+    common.print_final_report(budget.accountant, accuracy,
+                              steps=int(optimizer.iterations.numpy()))
   else:
     print(f"final: steps={int(optimizer.iterations.numpy())} test_accuracy={accuracy:.4f} "
           "(non-private: no privacy guarantee)")
+
+
+def _check_feature_flags():
+  """Refuses normalisation settings out of range before anything is computed."""
+  for name in ("normalization_noise_multiplier", "normalization_mean_clip",
+               "normalization_second_moment_clip"):
+    value = getattr(FLAGS, name)
+    if not (np.isfinite(value) and value > 0):
+      raise app.UsageError(f"--{name} must be finite and > 0, got {value}.")
+  if FLAGS.features == "scattering" and FLAGS.dtype_policy != "float32":
+    raise app.UsageError("--features=scattering trains in float32 only (--dtype_policy=float32).")
+
+
+def _scattering_features(x_train, x_test, ledger):
+  """The scattering features of both splits, standardised per channel, channels last, and the
+  released statistics (recorded in ``ledger``; None without DP, where exact ones are used)."""
+  start = time.time()
+  f_train = features_lib.scattering_2d(x_train)
+  f_test = features_lib.scattering_2d(x_test)
+  print(f"Scattering transform (J=2, L=8): {f_train.shape[1]} x {f_train.shape[2]} x "
+        f"{f_train.shape[3]} features per image in {time.time() - start:.1f}s (no privacy cost: "
+        "fixed filters, each image on its own).", flush=True)
+  if FLAGS.dpsgd:
+    statistics = features_lib.private_channel_normalization(
+        f_train, mean_clip=FLAGS.normalization_mean_clip,
+        second_moment_clip=FLAGS.normalization_second_moment_clip,
+        noise_multiplier=FLAGS.normalization_noise_multiplier, ledger=ledger)
+    print(f"Private per-channel statistics: noise multiplier "
+          f"{FLAGS.normalization_noise_multiplier} on each of two sums (alone epsilon "
+          f"{ledger.epsilon():.4f} at delta={FLAGS.delta}; composed into the budget); "
+          f"{int(np.sum(statistics.variance == 0))} of {len(statistics.variance)} channels have "
+          "a released variance of 0 and are set to 0.", flush=True)
+    standardise = statistics.apply
+  else:  # no privacy: the exact statistics
+    statistics = None
+    mean = f_train.mean(axis=(0, 2, 3), keepdims=True)
+    std = np.sqrt(f_train.var(axis=(0, 2, 3), keepdims=True) + 1e-5)
+    standardise = lambda f: (f - mean) / std
+  to_keras = lambda f: np.moveaxis(standardise(f), 1, -1).astype(np.float32)
+  return to_keras(f_train), to_keras(f_test), statistics
 
 
 def _split_batches(train, steps, k):

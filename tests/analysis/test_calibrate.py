@@ -171,3 +171,36 @@ def test_gaussian_closed_form_inverse_agrees_with_calibrate(target, delta, count
       tolerance=tolerance)
   exact = gaussian.noise_multiplier_for_epsilon(target, delta, count)
   assert exact <= sigma <= exact * (1 + 2 * tolerance)
+
+
+def _exact_gaussian_mu(target, delta):
+  """mu with exact epsilon ``target`` at ``delta`` (Balle & Wang 2018, Theorem 8), by brentq on
+  delta(eps; mu) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu), increasing in mu."""
+  from scipy import optimize, stats  # pylint: disable=g-import-not-at-top
+  curve = lambda mu: (stats.norm.cdf(mu / 2 - target / mu)
+                      - math.exp(target) * stats.norm.cdf(-mu / 2 - target / mu) - delta)
+  return optimize.brentq(curve, 1e-3, 50.0, xtol=1e-14)
+
+
+@pytest.mark.parametrize("target, delta, other", [(3.0, 1e-5, 8.0), (1.0, 1e-5, 4.0)])
+def test_also_events_are_composed_into_the_calibration(target, delta, other):
+  """A Gaussian calibrated beside another Gaussian of multiplier ``other``: the pair is one
+  Gaussian with mu^2 = 1/sigma^2 + 1/other^2, so the exact answer is
+  sigma = 1 / sqrt(mu*^2 - 1/other^2) with mu* from the closed-form curve."""
+  tolerance = 1e-9
+  also = iter([events.GaussianEvent(other)])  # a one-shot iterable is read once
+  sigma = calibration.calibrate(events.GaussianEvent, target, delta, tolerance=tolerance,
+                                also=also)
+  mu = _exact_gaussian_mu(target, delta)
+  exact = 1.0 / math.sqrt(mu**2 - 1.0 / other**2)
+  assert exact * (1 - 1e-6) <= sigma <= exact * (1 + 1e-6)
+  alone = calibration.calibrate(events.GaussianEvent, target, delta, tolerance=tolerance)
+  assert sigma > alone * 1.001  # the other mechanism's share costs noise
+
+
+def test_also_events_that_spend_the_budget_are_refused():
+  with pytest.raises(ValueError, match=r"target_epsilon=1.0 is already spent by the also= "
+                                       r"events alone \(epsilon [\d.]+ at delta=1e-05\)"):
+    calibration.calibrate(events.GaussianEvent, 1.0, 1e-5, also=[events.GaussianEvent(0.5)])
+  with pytest.raises(TypeError, match="also must hold analysis.events events, got float"):
+    calibration.calibrate(events.GaussianEvent, 1.0, 1e-5, also=[0.5])

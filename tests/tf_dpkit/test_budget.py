@@ -356,3 +356,25 @@ def test_the_former_ledger_name_is_an_alias_for_one_release():
   ledger = budget.PrivacyAccountant(1e-5)
   ledger.record(0.01, 1.1, steps=100)
   assert isinstance(ledger, budget.PrivacyLedger) and ledger.steps == 100
+
+
+def test_noise_for_budget_with_also_matches_the_ledger_that_records_both():
+  """Calibrated beside the private feature statistics (two Gaussian sums of multiplier 6, an
+  event GaussianEvent(6 / sqrt 2)): a ledger that records them and then the training's steps
+  meets the target with the sigma returned, and not with 0.1% less noise."""
+  from analysis import events as events_lib  # pylint: disable=g-import-not-at-top
+  n, batch, epochs, target = 10_000, 500, 5, 2.0
+  statistics = events_lib.GaussianEvent(6.0 / math.sqrt(2.0))
+  sigma = noise_multiplier_for_budget(target, 1e-5, n, batch, epochs, also=(statistics,))
+  alone = noise_multiplier_for_budget(target, 1e-5, n, batch, epochs)
+  assert sigma > alone
+
+  def ledger_epsilon(s):
+    ledger = PrivacyLedger(1e-5)
+    ledger.record(1.0, 6.0, 2)  # how tf_dpkit.features records the statistics
+    ledger.record(batch / n, s, epochs * n // batch)
+    return ledger.epsilon()
+
+  assert ledger_epsilon(sigma) <= target < ledger_epsilon(sigma * 0.999)
+  with pytest.raises(ValueError, match="already spent by the also= events alone"):
+    noise_multiplier_for_budget(0.1, 1e-5, n, batch, epochs, also=(statistics,))

@@ -14,13 +14,18 @@ sys.path.insert(0, os.path.join(ROOT, "tutorials"))
 import recipes  # noqa: E402  pylint: disable=wrong-import-position
 
 
-def _documented_table():
-  """``{flag: (value for target >= 2, value for target < 2)}`` read from the module docstring."""
+def _documented_table(recipe="best"):
+  """``{flag: (value for target >= 2, value for target < 2)}`` read from the module docstring's
+  table that follows the paragraph naming ``--recipe=RECIPE``."""
+  doc = recipes.__doc__
+  start = doc.index(f"``--recipe={recipe}``")
   table = {}
-  for line in recipes.__doc__.splitlines():
+  for line in doc[start:].splitlines():
     cells = re.split(r"\s{2,}", line.strip())
     if len(cells) == 3 and cells[0].isidentifier() and cells[0] != "flag":
       table[cells[0]] = tuple(cells[1:])
+    elif table and not line.strip():
+      break  # the blank line after the table
   return table
 
 
@@ -44,6 +49,23 @@ def test_best_recipe_resolves_as_its_table_says():
           default["l2_norm_clip"], default["activation"]) == (2048, 40, 8.0, 0.8, 0.1, "tanh")
   assert (small["batch_size"], small["epochs"], small["learning_rate"], small["momentum"],
           small["lr_schedule"]) == (1024, 15, 2.0, 0.9, "linear_decay_tail")
+
+
+def test_scatternet_recipe_resolves_as_its_table_says():
+  table = _documented_table("scatternet")
+  assert set(table) >= {"features", "activation", "l2_norm_clip", "momentum", "ema_momentum",
+                        "batch_size", "epochs", "learning_rate", "lr_schedule", "target_epsilon"}
+  default = recipes.resolve("scatternet", {})
+  small = recipes.resolve("scatternet", {"target_epsilon": 1.0})
+  for flag, (big_budget, small_budget) in table.items():
+    assert _as_text(default[flag]) == big_budget, flag
+    if small_budget != "(as given)":
+      assert _as_text(small[flag]) == small_budget, flag
+  assert (default["features"], default["batch_size"], default["epochs"], default["learning_rate"],
+          default["momentum"]) == ("scattering", 2048, 40, 2.0, 0.9)
+  assert (small["features"], small["batch_size"], small["epochs"]) == ("scattering", 2048, 20)
+  assert recipes.resolve("scatternet", {"features": "pixels"})["features"] == "pixels"
+  assert "features" not in recipes.resolve("best", {})
 
 
 def test_explicit_flags_override_the_recipe():
