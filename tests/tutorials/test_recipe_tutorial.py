@@ -33,16 +33,26 @@ def _as_text(value):
   return str(value) if not isinstance(value, float) or value != int(value) else f"{value:.1f}"
 
 
-def test_best_recipe_resolves_as_its_table_says():
-  table = _documented_table()
-  assert set(table) >= {"activation", "l2_norm_clip", "momentum", "ema_momentum", "batch_size",
-                        "epochs", "learning_rate", "lr_schedule", "target_epsilon"}
-  default = recipes.resolve("best", {})
-  small = recipes.resolve("best", {"target_epsilon": 1.0})
+def _resolved_as_documented(recipe, flags):
+  """The recipe's two rows resolved, after checking them against its documented table (which
+  must list at least ``flags``)."""
+  table = _documented_table(recipe)
+  assert set(table) >= set(flags)
+  default = recipes.resolve(recipe, {})
+  small = recipes.resolve(recipe, {"target_epsilon": 1.0})
   for flag, (big_budget, small_budget) in table.items():
     assert _as_text(default[flag]) == big_budget, flag
     if small_budget != "(as given)":
       assert _as_text(small[flag]) == small_budget, flag
+  return default, small
+
+
+_FLAGS = ("activation", "l2_norm_clip", "momentum", "ema_momentum", "batch_size", "epochs",
+          "learning_rate", "lr_schedule", "target_epsilon")
+
+
+def test_best_recipe_resolves_as_its_table_says():
+  default, small = _resolved_as_documented("best", _FLAGS)
   assert default["target_epsilon"] == 3.0 and small["target_epsilon"] == 1.0
   # The literal values, so that a docstring and code changed together are still noticed.
   assert (default["batch_size"], default["epochs"], default["learning_rate"], default["momentum"],
@@ -52,15 +62,7 @@ def test_best_recipe_resolves_as_its_table_says():
 
 
 def test_scatternet_recipe_resolves_as_its_table_says():
-  table = _documented_table("scatternet")
-  assert set(table) >= {"features", "activation", "l2_norm_clip", "momentum", "ema_momentum",
-                        "batch_size", "epochs", "learning_rate", "lr_schedule", "target_epsilon"}
-  default = recipes.resolve("scatternet", {})
-  small = recipes.resolve("scatternet", {"target_epsilon": 1.0})
-  for flag, (big_budget, small_budget) in table.items():
-    assert _as_text(default[flag]) == big_budget, flag
-    if small_budget != "(as given)":
-      assert _as_text(small[flag]) == small_budget, flag
+  default, small = _resolved_as_documented("scatternet", _FLAGS + ("features",))
   assert (default["features"], default["batch_size"], default["epochs"], default["learning_rate"],
           default["momentum"]) == ("scattering", 2048, 40, 2.0, 0.9)
   assert (small["features"], small["batch_size"], small["epochs"]) == ("scattering", 2048, 20)
