@@ -118,8 +118,9 @@ def calibrate(event_of, target_epsilon: float, delta: float, *, accountant: str 
     orders: Renyi orders for ``"rdp"`` (default ``rdp_accountant.DEFAULT_ORDERS``).
     name: the parameter's name in error messages (default ``"noise_multiplier"``).
     context: words appended to ``"at delta=..."`` in the "cannot be met" error.
-    also: events of other mechanisms on the same records (read once), composed with
-      ``event_of(p)``: the parameter returned makes the whole composition meet the target.
+    also: an event, or an iterable of events (read once), of other mechanisms on the same
+      records, composed with ``event_of(p)``: the parameter returned makes the whole
+      composition meet the target.
 
   Returns:
     A float (continuous) or an int (``integer``).
@@ -132,6 +133,7 @@ def calibrate(event_of, target_epsilon: float, delta: float, *, accountant: str 
   target_epsilon = check_positive("target_epsilon", target_epsilon)
   delta = check_delta("delta", delta)
   orders = _check_accountant_and_orders(accountant, orders)
+  released = event_of  # "nothing released" is asked of this mechanism, not of the others
   event_of = _composed_with(event_of, also, target_epsilon, delta, accountant, orders)
   if integer:
     lower = 0 if lower is None else check_count("lower", lower, minimum=0)
@@ -145,7 +147,7 @@ def calibrate(event_of, target_epsilon: float, delta: float, *, accountant: str 
   upper = SEARCH_MAX_NOISE if upper is None else check_finite_positive("upper", upper)
   if not upper > lower:
     raise ValueError(f"upper must be > lower={lower!r}, got {upper!r}.")
-  if target_epsilon == math.inf or not events.flatten(event_of(upper)):
+  if target_epsilon == math.inf or not events.flatten(released(upper)):
     return 0.0  # no noise needed: an infinite budget, or nothing is released
   run = f"at delta={delta!r}" + (f" {context}" if context else "")
   return _smallest_parameter(_epsilon_function(event_of, delta, accountant, orders),
@@ -155,7 +157,13 @@ def calibrate(event_of, target_epsilon: float, delta: float, *, accountant: str 
 
 def _composed_with(event_of, also, target_epsilon, delta, accountant, orders):
   """``event_of`` composed with the events ``also``, after checking they leave some budget."""
-  also = tuple(also)
+  if isinstance(also, events.DpEvent):
+    also = (also,)
+  try:
+    also = tuple(also)
+  except TypeError:
+    raise TypeError(f"also must be an analysis.events event or an iterable of them, got "
+                    f"{also!r}.") from None
   if not also:
     return event_of
   for event in also:

@@ -369,6 +369,16 @@ class PrivacyBudget(keras.callbacks.Callback):
       return
     saved = phases_from_ledger(variable.numpy())
     if sum(p.steps for p in saved) > self.accountant.steps:
+      if self.accountant.phases:
+        # Ambiguous: an earlier snapshot of the saved run, or a fresh release (e.g. feature
+        # statistics computed again) that replacing it would drop from the accounting.
+        raise ValueError(
+            f"The ledger passed to PrivacyBudget records {self.accountant.steps} steps and the "
+            f"optimizer's saved ledger {sum(p.steps for p in saved)}: continuing from the "
+            "saved one would drop what the passed ledger recorded since (e.g. statistics "
+            "released again on resuming). Resume with the saved run's ledger "
+            "(accountant=PrivacyLedger.from_state_dict(saved state)) and reuse the released "
+            "values it accounts for, or record the new release in that ledger.")
       self.accountant.phases = []
       for phase in saved:
         self.accountant._append_phase(phase)  # pylint: disable=protected-access
@@ -457,11 +467,11 @@ class PrivacyBudget(keras.callbacks.Callback):
     if iterations + next_steps > self._max_steps:
       self._record_new_steps()
       self.model.stop_training = True
-      self.stopped_at_step = self.accountant.steps
+      self.stopped_at_step = iterations  # optimizer steps (the ledger may hold other mechanisms)
       if self.verbose and distribute.is_chief(self.model.distribute_strategy):
         planned = ("more steps" if self._planned_end is None
                    else f"to run to optimizer step {self._planned_end}")
-        print(f"\nPrivacyBudget: stopping early, after {self.accountant.steps} steps (this fit "
+        print(f"\nPrivacyBudget: stopping early, after {iterations} steps (this fit "
               f"planned {planned}): the next "
               f"step would exceed target_epsilon={self.target_epsilon} at "
               f"delta={self.accountant.delta} (epsilon now {self.accountant.epsilon():.4f}).")

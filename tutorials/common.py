@@ -31,8 +31,9 @@ def define_flags(default_learning_rate=0.15):
                      "Train to a budget: pick the noise multiplier for this epsilon and stop "
                      "before exceeding it.")
   flags.DEFINE_bool("validation", False,
-                    "Tuning split: train on the first 50,000 training images and report accuracy "
-                    "on the last 10,000 (the test set is not read).")
+                    "Tuning split: train on the first 50,000 training images and report "
+                    "validation_accuracy on the last 10,000 (the test set is not used; "
+                    "--train_size / --test_size then slice these two parts).")
   flags.DEFINE_integer("train_size", None, "Use only the first N training examples (tests).")
   flags.DEFINE_integer("test_size", None, "Use only the first N test examples (tests).")
   flags.DEFINE_integer("seed", 0, "Seed for weight initialisation (public; not for sampling).")
@@ -122,6 +123,11 @@ def sampling_note():
   return "shuffle-and-batch: no amplification by sampling claimed (q=1 per epoch)"
 
 
+def accuracy_name():
+  """What the evaluation split's accuracy is called in the printed lines."""
+  return "validation_accuracy" if FLAGS.validation else "test_accuracy"
+
+
 def print_final_report(accountant: PrivacyLedger, test_accuracy: float, steps=None):
   """Prints epsilon from RDP and PLD for what was recorded, in one parseable line (for
   shuffled batches both are the exact Gaussian-mechanism epsilon); ``steps``: the training
@@ -130,7 +136,7 @@ def print_final_report(accountant: PrivacyLedger, test_accuracy: float, steps=No
   rdp = PrivacyLedger.from_state_dict({**state, "accountant": "rdp"}).epsilon()
   pld = PrivacyLedger.from_state_dict({**state, "accountant": "pld"}).epsilon()
   steps = accountant.steps if steps is None else steps
-  print(f"final: steps={steps} test_accuracy={test_accuracy:.4f} "
+  print(f"final: steps={steps} {accuracy_name()}={test_accuracy:.4f} "
         f"epsilon_rdp={rdp:.4f} epsilon_pld={pld:.4f} delta={accountant.delta:g} "
         f"sampling={FLAGS.sampling}")
   if FLAGS.sampling == "poisson":

@@ -117,7 +117,8 @@ flags.DEFINE_enum("lr_schedule", "constant", ["constant", "linear_decay_tail"],
 #: The flags a recipe may set (recipes.py).
 _RECIPE_FLAGS = ("target_epsilon", "noise_multiplier", "activation", "l2_norm_clip", "momentum",
                  "ema_momentum", "batch_size", "epochs", "learning_rate", "lr_schedule",
-                 "features")
+                 "features", "normalization_noise_multiplier", "normalization_mean_clip",
+                 "normalization_second_moment_clip")
 
 
 class EpochReport(keras.callbacks.Callback):
@@ -132,7 +133,8 @@ class EpochReport(keras.callbacks.Callback):
     eps_text = f" epsilon={eps:.4f}" if eps is not None else ""
     clip = logs.get("l2_norm_clip")
     eps_text += f" l2_norm_clip={clip:.4f}" if clip is not None else ""
-    print(f"epoch {epoch + 1}: loss={logs['loss']:.4f} test_accuracy={logs['val_accuracy']:.4f}"
+    print(f"epoch {epoch + 1}: loss={logs['loss']:.4f} "
+          f"{common.accuracy_name()}={logs['val_accuracy']:.4f}"
           f"{eps_text} elapsed={time.time() - self.start:.1f}s", flush=True)
 
 
@@ -245,7 +247,8 @@ def main(argv):
     common.print_final_report(budget.accountant, accuracy,
                               steps=int(optimizer.iterations.numpy()))
   else:
-    print(f"final: steps={int(optimizer.iterations.numpy())} test_accuracy={accuracy:.4f} "
+    print(f"final: steps={int(optimizer.iterations.numpy())} "
+          f"{common.accuracy_name()}={accuracy:.4f} "
           "(non-private: no privacy guarantee)")
 
 

@@ -204,3 +204,25 @@ def test_also_events_that_spend_the_budget_are_refused():
     calibration.calibrate(events.GaussianEvent, 1.0, 1e-5, also=[events.GaussianEvent(0.5)])
   with pytest.raises(TypeError, match="also must hold analysis.events events, got float"):
     calibration.calibrate(events.GaussianEvent, 1.0, 1e-5, also=[0.5])
+
+
+def test_also_takes_a_lone_event_and_counts_in_integer_mode():
+  lone = calibration.calibrate(events.GaussianEvent, 3.0, 1e-5, also=events.GaussianEvent(8.0))
+  listed = calibration.calibrate(events.GaussianEvent, 3.0, 1e-5, also=[events.GaussianEvent(8.0)])
+  assert lone == listed
+  # Integer mode: the most releases of a Gaussian of multiplier 4 beside one of multiplier 2;
+  # k releases and the other compose to mu^2 = k / 16 + 1 / 4, so by the closed form the
+  # largest k is the one whose mu stays below the mu of the target.
+  count = calibration.calibrate(lambda k: events.SelfComposedEvent(events.GaussianEvent(4.0), k),
+                                3.0, 1e-5, integer=True, also=[events.GaussianEvent(2.0)])
+  mu = _exact_gaussian_mu(3.0, 1e-5)
+  assert count == math.floor((mu**2 - 0.25) * 16)
+  # Nothing released by the calibrated mechanism (0 steps): no noise is needed for it.
+  assert calibration.calibrate(lambda s: events.SelfComposedEvent(events.GaussianEvent(s), 0),
+                               3.0, 1e-5, also=[events.GaussianEvent(8.0)]) == 0.0
+
+
+def test_also_errors_name_the_argument():
+  with pytest.raises(TypeError, match="also must be an analysis.events event or an iterable of "
+                                      "them, got None"):
+    calibration.calibrate(events.GaussianEvent, 1.0, 1e-5, also=None)

@@ -378,3 +378,45 @@ def test_noise_for_budget_with_also_matches_the_ledger_that_records_both():
   assert ledger_epsilon(sigma) <= target < ledger_epsilon(sigma * 0.999)
   with pytest.raises(ValueError, match="already spent by the also= events alone"):
     noise_multiplier_for_budget(0.1, 1e-5, n, batch, epochs, also=(statistics,))
+
+
+def test_callback_continuing_a_ledger_with_statistics_stops_at_the_composed_limit():
+  """A ledger that already holds two Gaussian sums (feature statistics, multiplier 6): training
+  stops at the last step whose epsilon, composed with them, is within the target (brute force
+  over analysis/), and the stop step counts optimizer steps, not the ledger's."""
+  q, sigma, target = BATCH / N, 2.0, 2.0
+  with_statistics = lambda s: _rdp_eps([1.0, q], [6.0, sigma], [2, s])
+  limit = next(s for s in range(1, 400) if with_statistics(s) > target) - 1
+  assert limit < next(s for s in range(1, 400) if _rdp_eps([q], [sigma], [s]) > target) - 1
+  ledger = PrivacyLedger(1e-5)
+  ledger.record(1.0, 6.0, 2)
+  model = _model(sigma)
+  budget = PrivacyBudget(q, target_epsilon=target, accountant=ledger, verbose=False)
+  data = poisson_batches(_data(), expected_batch_size=BATCH, steps=400, seed=1)
+  history = model.fit(data, epochs=40, steps_per_epoch=10, callbacks=[budget], verbose=0)
+  taken = int(model.optimizer.iterations.numpy())
+  assert taken == limit == budget.stopped_at_step and ledger.steps == taken + 2
+  assert math.isclose(history.history["epsilon"][-1], with_statistics(taken), rel_tol=1e-12)
+
+
+def test_callback_refuses_to_replace_a_non_empty_ledger_by_the_saved_one():
+  """Resuming with a ledger that holds a new release (statistics computed again) while the
+  optimizer's saved ledger holds more steps: replacing it would drop the new release."""
+  q = BATCH / N
+  data = poisson_batches(_data(), expected_batch_size=BATCH, steps=20, seed=3)
+  model = _model()
+  first = PrivacyLedger(1e-5)
+  first.record(1.0, 6.0, 2)
+  model.fit(data.take(10), epochs=1, steps_per_epoch=10, verbose=0,
+            callbacks=[PrivacyBudget(q, accountant=first, verbose=False)])
+  again = PrivacyLedger(1e-5)
+  again.record(1.0, 6.0, 2)  # released again on resuming
+  with pytest.raises(ValueError, match="would drop what the passed ledger recorded"):
+    model.fit(data.skip(10), epochs=1, steps_per_epoch=10, verbose=0,
+              callbacks=[PrivacyBudget(q, accountant=again, verbose=False)])
+  # The saved run's own ledger continues.
+  resumed = PrivacyLedger.from_state_dict(first.state_dict())
+  history = model.fit(data.skip(10), epochs=1, steps_per_epoch=10, verbose=0,
+                      callbacks=[PrivacyBudget(q, accountant=resumed, verbose=False)])
+  assert math.isclose(history.history["epsilon"][-1], _rdp_eps([1.0, q], [6.0, 1.0], [2, 20]),
+                      rel_tol=1e-12)

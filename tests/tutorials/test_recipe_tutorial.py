@@ -66,6 +66,10 @@ def test_scatternet_recipe_resolves_as_its_table_says():
   assert (default["features"], default["batch_size"], default["epochs"], default["learning_rate"],
           default["momentum"]) == ("scattering", 2048, 40, 2.0, 0.9)
   assert (small["features"], small["batch_size"], small["epochs"]) == ("scattering", 2048, 20)
+  assert (default["normalization_noise_multiplier"], default["normalization_mean_clip"],
+          default["normalization_second_moment_clip"]) == (8.0, 0.2, 0.06)
+  assert (small["normalization_noise_multiplier"], small["normalization_mean_clip"],
+          small["normalization_second_moment_clip"]) == (20.0, 0.5, 0.5)
   assert recipes.resolve("scatternet", {"features": "pixels"})["features"] == "pixels"
   assert "features" not in recipes.resolve("best", {})
 

@@ -53,3 +53,13 @@ def test_non_private_run_and_refusals():
   bad = run_mnist_tutorial("--features=scattering", "--dtype_policy=mixed_float16", train=256,
                            test=100, epochs=1)
   assert bad.returncode != 0 and "trains in float32 only" in bad.stdout + bad.stderr
+
+
+def test_validation_split_is_reported_as_such():
+  """--validation scores the last 10,000 training images: the lines name validation_accuracy,
+  never test_accuracy."""
+  result = run_mnist_tutorial("--validation", "--nodpsgd", train=512, test=300, batch=64,
+                              epochs=1)
+  assert result.returncode == 0, result.stderr[-3000:]
+  final = next(l for l in result.stdout.splitlines() if l.startswith("final:"))
+  assert "validation_accuracy=" in final and "test_accuracy" not in result.stdout

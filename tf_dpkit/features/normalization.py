@@ -20,6 +20,17 @@ from tf_dpkit import noise
 
 __all__ = ["ChannelNormalization", "private_channel_normalization"]
 
+_CHUNK = 4096  # records per chunk when forming the per-record statistics
+
+
+def _channel_axis(channel_axis, ndim: int) -> int:
+  """``channel_axis`` as a non-negative axis of an ``ndim``-dimensional array, not the records'."""
+  axis = _checks.check_integer("channel_axis", channel_axis, minimum=-ndim, maximum=ndim - 1)
+  axis %= ndim
+  if axis == 0:
+    raise ValueError("channel_axis must not be 0 (the record axis).")
+  return axis
+
 
 @dataclasses.dataclass(frozen=True)
 class ChannelNormalization:
@@ -47,7 +58,10 @@ class ChannelNormalization:
     """
     _checks.check_finite_positive("epsilon", epsilon)
     x = np.asarray(features)
-    axis = channel_axis % x.ndim
+    if x.ndim < 1:
+      raise ValueError(f"features must have a record axis and a channel axis, got shape "
+                       f"{x.shape}.")
+    axis = _channel_axis(channel_axis, x.ndim)
     if x.shape[axis] != len(self.mean):
       raise ValueError(f"features have {x.shape[axis]} channels on axis {channel_axis}, the "
                        f"statistics {len(self.mean)}.")
@@ -102,21 +116,26 @@ def private_channel_normalization(features, *, mean_clip: float, second_moment_c
   c_a = _checks.check_finite_positive("mean_clip", mean_clip)
   c_b = _checks.check_finite_positive("second_moment_clip", second_moment_clip)
   sigma = _checks.check_finite_positive("noise_multiplier", noise_multiplier)
-  x = np.asarray(features, dtype=np.float64)
+  x = np.asarray(features)
   if x.ndim < 2 or len(x) < 1:
     raise ValueError(f"features must have shape [n >= 1 records, ...] with a channel axis, got "
                      f"{np.shape(features)}.")
-  axis = _checks.check_integer("channel_axis", channel_axis, minimum=-x.ndim + 1,
-                               maximum=x.ndim - 1) % x.ndim
-  if axis == 0:
-    raise ValueError("channel_axis must not be 0 (the record axis).")
-  if not np.all(np.isfinite(x)):
-    raise ValueError("features must hold finite values.")
+  axis = _channel_axis(channel_axis, x.ndim)
+  if not np.issubdtype(x.dtype, np.number) or np.iscomplexobj(x):
+    raise ValueError("features must hold finite real values.")
   n = len(x) if dataset_size is None else _checks.check_integer("dataset_size", dataset_size,
                                                                 minimum=1)
-  x = np.moveaxis(x, axis, -1).reshape(len(x), -1, x.shape[axis])  # [n, positions, K]
+  # Per-record channel means and mean squares, in chunks of records (no full float64 copy).
+  a, b = [], []
+  for start in range(0, len(x), _CHUNK):
+    chunk = np.moveaxis(x[start:start + _CHUNK], axis, -1).astype(np.float64)
+    chunk = chunk.reshape(len(chunk), -1, chunk.shape[-1])  # [records, positions, K]
+    if not np.all(np.isfinite(chunk)):
+      raise ValueError("features must hold finite real values.")
+    a.append(chunk.mean(axis=1))
+    b.append((chunk * chunk).mean(axis=1))
   sums = []
-  for values, clip in ((x.mean(axis=1), c_a), ((x * x).mean(axis=1), c_b)):
+  for values, clip in ((np.concatenate(a), c_a), (np.concatenate(b), c_b)):
     norms = np.linalg.norm(values, axis=1, keepdims=True)
     scale = np.minimum(1.0, clip / np.maximum(norms, np.finfo(np.float64).tiny))
     sums.append(tf.constant((values * scale).sum(axis=0), tf.float64))

@@ -69,14 +69,19 @@ def test_released_values_are_clipped_sums_plus_noise_of_the_stated_scale():
 
 
 def test_the_two_noises_are_independent():
-  x = np.zeros((10, 3, 2, 2))  # exact sums are 0: the released values are the noise
+  """Records of +-1 (mean 0, mean square 1, variance 1): with small noise the variance floor is
+  never hit, so n * (released - exact) of the two sums are the two noises themselves."""
+  x = np.ones((10, 3, 2, 2))
+  x[:, :, 0, :] = -1.0
   za, zb = [], []
   for seed in range(400):
-    got = _release(x, seed=seed, mean_clip=1.0, second_moment_clip=1.0, noise_multiplier=1.0)
+    got = _release(x, seed=seed, mean_clip=2.0, second_moment_clip=2.0, noise_multiplier=0.5)
+    assert np.all(got.variance > 0)
     za.append(got.mean * 10)
-    zb.append((got.variance + got.mean**2) * 10)
+    zb.append((got.variance + got.mean**2) * 10 - 10.0)
   za, zb = np.concatenate(za), np.concatenate(zb)
   assert abs(stats.pearsonr(za, zb)[0]) < 0.1
+  assert za.std() == pytest.approx(1.0, rel=0.08) and zb.std() == pytest.approx(1.0, rel=0.08)
 
 
 def _exact_gaussian_epsilon(mu, delta):
@@ -117,17 +122,29 @@ def test_apply_standardises_with_the_released_statistics():
     got.apply(np.zeros((1, 3, 2, 2)))
   with pytest.raises(ValueError, match="epsilon must be"):
     got.apply(x, epsilon=0.0)
+  for axis in (4, -5, 1.5, True):
+    with pytest.raises(ValueError, match="channel_axis must be"):
+      got.apply(x, channel_axis=axis)
+  with pytest.raises(ValueError, match="channel_axis must not be 0"):
+    got.apply(np.zeros((4, 4)), channel_axis=0)
+  with pytest.raises(ValueError, match="features must have a record axis"):
+    got.apply(np.float64(3.0))
 
 
 def test_mean_and_variance_are_close_for_large_data_and_clips_that_do_not_bind():
-  """n = 20,000 records, clips above every record's norm, sigma 8: the released statistics are
-  the exact ones within a few noise std (C sigma / n = 4e-3 and 1.6e-2)."""
+  """n = 20,000 records, clips above every record's norm here, sigma 0.5: the released
+  statistics are the exact ones within 5 noise std (C sigma / n = 7.5e-5), far below the
+  smallest variance (0.01), so a release that dropped or zeroed a variance would fail."""
   rng = np.random.default_rng(5)
   x = rng.normal([[0.2], [1.0], [-0.5]], [[0.1], [0.3], [0.2]], size=(20000, 3, 4))
+  a, b = x.mean(axis=2), (x * x).mean(axis=2)
+  assert np.linalg.norm(a, axis=1).max() < 3.0 and np.linalg.norm(b, axis=1).max() < 3.0
   got = normalization.private_channel_normalization(
-      x, mean_clip=10.0, second_moment_clip=40.0, noise_multiplier=8.0, seed=1)
-  np.testing.assert_allclose(got.mean, x.mean(axis=(0, 2)), atol=5 * 10 * 8 / 20000)
-  np.testing.assert_allclose(got.variance, x.var(axis=(0, 2)), atol=5 * 40 * 8 / 20000 + 0.05)
+      x, mean_clip=3.0, second_moment_clip=3.0, noise_multiplier=0.5, seed=1)
+  std = 3.0 * 0.5 / 20000
+  np.testing.assert_allclose(got.mean, x.mean(axis=(0, 2)), rtol=0, atol=5 * std)
+  np.testing.assert_allclose(got.variance, x.var(axis=(0, 2)), rtol=0, atol=5 * std * 4)
+  assert np.all(got.variance > 0.009)
 
 
 def test_default_key_is_secret_and_fresh():
@@ -157,7 +174,10 @@ def test_refuses_bad_arguments(kwargs, match):
 @pytest.mark.parametrize("x,match", [
     (np.zeros((0, 3, 2)), r"features must have shape \[n >= 1"),
     (np.zeros(5), r"features must have shape \[n >= 1"),
-    (np.full((2, 3, 2), np.nan), "features must hold finite values")])
+    (np.full((2, 3, 2), np.nan), "features must hold finite real values"),
+    (np.full((2, 3, 2), np.inf), "features must hold finite real values"),
+    (np.full((2, 3, 2), "a"), "features must hold finite real values"),
+    (np.zeros((2, 3, 2), complex), "features must hold finite real values")])
 def test_refuses_bad_features(x, match):
   with pytest.raises(ValueError, match=match):
     _release(x)

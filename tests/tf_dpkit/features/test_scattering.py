@@ -76,7 +76,8 @@ def test_constant_image():
 
 
 def test_homogeneous_of_degree_one():
-  """S(c x) = |c| S(x): linear filters and moduli only."""
+  """Linear filters and moduli only: S_0(c x) = c S_0(x) for order 0 (no modulus) and
+  S_m(c x) = |c| S_m(x) for orders m >= 1."""
   x = np.random.default_rng(1).uniform(size=(3, 20, 20))
   s = scattering.scattering_2d(x, J=2, L=4, dtype=np.float64)
   np.testing.assert_allclose(scattering.scattering_2d(2.5 * x, J=2, L=4, dtype=np.float64),
@@ -115,7 +116,8 @@ def test_channel_axis_of_one_and_empty_batch():
     ({"L": 0}, "L must be"), ({"max_order": 3}, "max_order must be"),
     ({"max_order": 0}, "max_order must be"), ({"batch_size": 0}, "batch_size must be"),
     ({"dtype": np.float16}, "dtype must be float32 or float64"),
-    ({"dtype": np.int32}, "dtype must be float32 or float64")])
+    ({"dtype": np.int32}, "dtype must be float32 or float64"),
+    ({"dtype": "foo"}, "dtype must be float32 or float64")])
 def test_refuses_bad_settings(kwargs, match):
   with pytest.raises(ValueError, match=match):
     scattering.scattering_2d(np.zeros((1, 28, 28)), **kwargs)
