@@ -113,7 +113,8 @@ def _padded(size: int, J: int) -> tuple[int, int]:
 
 
 class _Bank:
-  """Fourier-domain filters: ``psi[(j, t)][r]`` and ``phi[r]`` at resolution ``2^-r``."""
+  """Fourier-domain filters at resolution ``2^-r``: ``psi[(j, r)]``, the L orientations of scale
+  j stacked ``[L, h, w]`` (orientation t at index t), and ``phi[r]``."""
 
   def __init__(self, height, width, J, L, dtype):
     self.J, self.L = J, L
@@ -122,12 +123,12 @@ class _Bank:
                       for p, s in zip(self.shape, (height, width)))
     self.psi = {}
     for j in range(J):
-      for t in range(L):
-        angle = (int(L - L / 2 - 1) - t) * math.pi / L
-        spatial = _morlet(self.shape, 0.8 * 2**j, angle, 0.75 * math.pi / 2**j, 4.0 / L)
-        fourier = np.real(_fft2(spatial))
-        self.psi[(j, t)] = [_periodize(fourier, r).astype(dtype)
-                            for r in range(min(j + 1, max(J - 1, 1)))]
+      fourier = [np.real(_fft2(_morlet(self.shape, 0.8 * 2**j,
+                                       (int(L - L / 2 - 1) - t) * math.pi / L,
+                                       0.75 * math.pi / 2**j, 4.0 / L)))
+                 for t in range(L)]
+      for r in range(min(j + 1, max(J - 1, 1))):
+        self.psi[(j, r)] = np.stack([_periodize(f, r) for f in fourier]).astype(dtype)
     fourier = np.real(_fft2(_gabor(self.shape, 0.8 * 2**(J - 1), 0.0, 0.0, 1.0)))
     self.phi = [_periodize(fourier, r).astype(dtype) for r in range(J)]
     self.dtype = dtype
@@ -203,25 +204,18 @@ def _transform(x, bank, J, max_order):
   """Vectorised over the L orientations of each scale (channel order as documented)."""
   padded = np.pad(x.astype(bank.dtype), ((0, 0), *bank.pads), mode="reflect")
   cut = (slice(1, -1), slice(1, -1))
-  n, L = len(x), bank.L
+  n = len(x)
   x_hat = _fft2(padded)[:, None]  # [n, 1, H, W]
-  outputs = [_low_pass(x_hat, bank, 0, J, cut)]
-  second = []
+  first, second = [_low_pass(x_hat, bank, 0, J, cut)], []
   for j1 in range(J):
-    psi1 = np.stack([bank.psi[(j1, t)][0] for t in range(L)])  # [L, H, W]
-    u1_hat = _fft2(np.abs(_ifft2(_subsample(x_hat * psi1, 2**j1))))  # [n, L, h, w]
-    outputs.append(_low_pass(u1_hat, bank, j1, J, cut))
-    if max_order < 2:
+    u1_hat = _fft2(np.abs(_ifft2(_subsample(x_hat * bank.psi[(j1, 0)], 2**j1))))  # [n, L, h, w]
+    first.append(_low_pass(u1_hat, bank, j1, J, cut))
+    if max_order < 2 or j1 == J - 1:
       continue
-    for j2 in range(j1 + 1, J):
-      psi2 = np.stack([bank.psi[(j2, t)][j1] for t in range(L)])  # [L, h, w]
-      u2 = np.abs(_ifft2(_subsample(u1_hat[:, :, None] * psi2, 2**(j2 - j1))))
-      s2 = _low_pass(_fft2(u2), bank, j2, J, cut)  # [n, L1, L2, ...]
-      second.append((j1, s2))
-  # Order 2 by (j1, t1, j2, t2): regroup the (j1, j2) blocks per t1.
-  for j1 in range(J):
-    blocks = [s2 for k, s2 in second if k == j1]
-    if blocks:
-      stacked = np.concatenate(blocks, axis=2)  # [n, L1, (J - 1 - j1) L2, ...]
-      outputs.append(stacked.reshape(n, -1, *stacked.shape[3:]))
-  return np.concatenate(outputs, axis=1)
+    # Order 2 from this j1, by (t1, j2, t2): [n, L1, L2] blocks joined along j2, then flattened.
+    blocks = [_low_pass(_fft2(np.abs(_ifft2(_subsample(u1_hat[:, :, None] * bank.psi[(j2, j1)],
+                                                        2**(j2 - j1))))), bank, j2, J, cut)
+              for j2 in range(j1 + 1, J)]
+    joined = np.concatenate(blocks, axis=2)
+    second.append(joined.reshape(n, -1, *joined.shape[3:]))
+  return np.concatenate(first + second, axis=1)
