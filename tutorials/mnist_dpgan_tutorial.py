@@ -89,6 +89,9 @@ flags.DEFINE_float("generator_ema", None,
                    "Decay in [0, 1) of a moving average of the generator's weights "
                    "(DPGAN's generator_ema); the average is what is kept and released. "
                    "Default: none, the last iterate.")
+flags.DEFINE_float("mode_seeking", 0.0,
+                   "Weight lambda >= 0 of MSGAN's mode-seeking term in the generator loss "
+                   "(DPGAN's mode_seeking; no privacy cost). Default 0: off.")
 flags.DEFINE_integer("validation_size", 0,
                      "Hold out this many training images (a public permutation) as private "
                      "validation records for the private checkpoint choice; 0: none.")
@@ -125,6 +128,9 @@ def check_flags():
   generative_common.check_choice_flags(FLAGS.checkpoint_every, FLAGS.log_every,
                                        FLAGS.generator_steps, "--generator_steps",
                                        FLAGS.selection_noise_multiplier)
+  if not (math.isfinite(FLAGS.mode_seeking) and FLAGS.mode_seeking >= 0):
+    raise app.UsageError(f"--mode_seeking must be a finite number >= 0, got "
+                         f"{FLAGS.mode_seeking}.")
   if bool(FLAGS.validation_size) != bool(FLAGS.checkpoint_every):
     raise app.UsageError("--validation_size and --checkpoint_every go together: the private "
                          "checkpoint choice needs both (or neither).")
@@ -208,7 +214,7 @@ def main(argv):
       discriminator_learning_rate=FLAGS.discriminator_learning_rate,
       generator_learning_rate=FLAGS.generator_learning_rate, beta_1=FLAGS.beta_1,
       clip_fake_examples=FLAGS.clip_fake_examples, seed=FLAGS.seed, delta=FLAGS.delta,
-      generator_ema=FLAGS.generator_ema)
+      generator_ema=FLAGS.generator_ema, mode_seeking=FLAGS.mode_seeking)
   source = generator if gan.averaged_generator is None else gan.averaged_generator
   candidates = []
 
@@ -257,7 +263,7 @@ def main(argv):
           "discriminator_learning_rate", "generator_learning_rate", "beta_1", "loss",
           "generator", "discriminator", "discriminator_conditioning", "generator_filters",
           "discriminator_filters",
-          "clip_fake_examples", "tstr_samples", "tstr_epochs", "generator_ema",
+          "clip_fake_examples", "tstr_samples", "tstr_epochs", "generator_ema", "mode_seeking",
           "validation_size", "checkpoint_every", "selection_noise_multiplier",
           "selection_samples", "selection_epochs",
           "tstr_classifiers", "fd_samples", "feature_epochs", "seed")},

@@ -103,9 +103,11 @@ def test_discriminator_noise_has_the_dp_sgd_scale():
   assert abs(diff.mean()) < 4 * want / math.sqrt(diff.size)
 
 
-def test_generator_step_never_reads_private_data():
+@pytest.mark.parametrize("mode_seeking", [0.0, 1.0])
+def test_generator_step_never_reads_private_data(mode_seeking):
   assert list(inspect.signature(DPGAN.generator_step).parameters) == ["self"]
-  gan_a, gan_b = _gan(noise_multiplier=1.0), _gan(noise_multiplier=1.0, noise_seed=2)
+  gan_a = _gan(noise_multiplier=1.0, mode_seeking=mode_seeking)
+  gan_b = _gan(noise_multiplier=1.0, noise_seed=2, mode_seeking=mode_seeking)
   x, _ = _data(5)
   x2 = x.copy()
   x2[0] = 1.0 - x2[0]  # neighbouring data set: one example changed
@@ -150,8 +152,92 @@ def test_generator_average_follows_the_recurrence_by_hand(decay):
   assert _gan().averaged_generator is None and _gan().get_config()["generator_ema"] is None
 
 
-def test_accountant_counts_discriminator_steps_only():
-  gan = _gan(noise_multiplier=1.2, discriminator_steps=3)
+def test_mode_seeking_penalty_by_hand():
+  rng = np.random.default_rng(4)
+  x1, x2 = rng.uniform(size=(2, 5, 4, 4, 1)).astype(np.float32)
+  z1, z2 = rng.normal(size=(2, 5, LATENT)).astype(np.float32)
+  ratio = np.abs(x1 - x2).mean() / np.abs(z1 - z2).mean()
+  got = float(generative.mode_seeking_penalty(x1, x2, z1, z2))
+  assert got == pytest.approx(1.0 / (ratio + 1e-5), rel=1e-5)
+  # A generator that ignores its noise: the penalty is 1 / eps.
+  assert float(generative.mode_seeking_penalty(x1, x1, z1, z2)) == pytest.approx(1e5, rel=1e-6)
+
+
+@pytest.mark.parametrize("num_classes", [None, 3])
+def test_mode_seeking_generator_step_is_the_msgan_loss_by_hand(num_classes):
+  """One SGD generator step with lambda = 0.7 equals the step on
+  L_G + lambda / (mean|G(z1,y) - G(z2,y)| / mean|z1 - z2| + 1e-5), with z1, y and then z2
+  drawn from the public generator seeded with ``seed``; D is left untouched."""
+  lam, lr = 0.7, 0.1
+  gan = _gan(num_classes, mode_seeking=lam, seed=11)
+  ref = _gan(num_classes, seed=11)  # the same initial weights
+  rng = tf.random.Generator.from_seed(11)
+  z1, y = generative.dpgan.public_latent(rng, gan.fake_batch_size, LATENT, num_classes)
+  z2 = rng.normal([gan.fake_batch_size, LATENT])
+  inputs = lambda z: z if y is None else [z, y]
+  g, d = ref.generator, ref.discriminator
+  with tf.GradientTape() as tape:
+    x1, x2 = g(inputs(z1), training=True), g(inputs(z2), training=True)
+    adversarial = tf.reduce_mean(tf.math.softplus(-d(inputs(x1), training=False)[:, 0]))
+    spread = tf.reduce_mean(tf.abs(x1 - x2)) / tf.reduce_mean(tf.abs(z1 - z2))
+    total = adversarial + lam / (spread + 1e-5)
+  grads = tape.gradient(total, g.trainable_variables)
+  before, d_before = _weights(gan.generator), _weights(gan.discriminator)
+  logs = gan.generator_step()
+  assert float(logs["generator_loss"]) == pytest.approx(float(adversarial), rel=1e-5)
+  for b, a, gr in zip(before, _weights(gan.generator), grads):
+    np.testing.assert_allclose(b - a, lr * gr.numpy(), rtol=1e-4, atol=1e-7)
+  for b, a in zip(d_before, _weights(gan.discriminator)):
+    np.testing.assert_array_equal(a, b)
+  assert gan.get_config()["mode_seeking"] == lam and ref.get_config()["mode_seeking"] == 0.0
+
+
+def test_mode_seeking_off_draws_nothing_extra():
+  """lambda = 0 is bit for bit the DPGAN without the option over several steps (no second
+  noise batch is drawn, so the public stream is unchanged); lambda > 0 moves the weights."""
+  x, y = _data(24)
+  runs = {}
+  for name, kwargs in (("default", {}), ("zero", {"mode_seeking": 0.0}),
+                       ("on", {"mode_seeking": 1.0})):
+    gan = _gan(3, **kwargs)
+    gan.fit(x, y, generator_steps=3, sampling_seed=1, verbose=False)
+    runs[name] = _weights(gan.generator)
+  for a, b in zip(runs["default"], runs["zero"]):
+    np.testing.assert_array_equal(a, b)
+  assert any(not np.allclose(a, b) for a, b in zip(runs["default"], runs["on"]))
+
+
+@pytest.mark.parametrize("lam", [0.0, 1.0])
+def test_mode_seeking_spreads_a_nearly_collapsed_generator(lam):
+  """A generator whose noise weights are scaled by 1e-3 (outputs nearly independent of z;
+  exact independence has a zero gradient since d|t|/dt = 0 at 0) against a constant
+  discriminator (zero adversarial gradient): the term alone spreads its outputs more than
+  tenfold in five steps; without it nothing moves."""
+  keras.utils.set_random_seed(0)
+  g = mlp_generator(LATENT, None, SHAPE, hidden=(8,), batch_norm=False)
+  d = mlp_discriminator(None, SHAPE, hidden=(8,))
+  gan = DPGAN(g, d, latent_dim=LATENT, noise_multiplier=0.0, expected_batch_size=16.0,
+              optimizer="sgd", generator_learning_rate=1e-3, mode_seeking=lam, noise_seed=1)
+  for v in d.trainable_variables:
+    v.assign(tf.zeros_like(v))  # logit 0 for every image
+  first = g.trainable_variables[0]
+  first.assign(first * 1e-3)
+  z = tf.random.Generator.from_seed(5).normal([256, LATENT])
+  spread = lambda: float(np.mean(np.std(g(z, training=False).numpy(), axis=0)))
+  before = spread()
+  assert 0.0 < before < 1e-3
+  for _ in range(5):
+    gan.generator_step()
+  after = spread()
+  if lam:
+    assert np.isfinite(after) and after > 10 * before
+  else:
+    assert after == pytest.approx(before, rel=1e-6)
+
+
+@pytest.mark.parametrize("mode_seeking", [0.0, 2.0])
+def test_accountant_counts_discriminator_steps_only(mode_seeking):
+  gan = _gan(noise_multiplier=1.2, discriminator_steps=3, mode_seeking=mode_seeking)
   x, _ = _data(40)
   result = gan.fit(x, generator_steps=4, sampling_seed=1, verbose=False)
   assert gan.accountant.steps == 12 == result["discriminator_steps"]
@@ -255,6 +341,10 @@ def test_gradient_penalty_is_refused():
     ({"generator_ema": -0.1}, r"generator_ema must be None or a decay in \[0, 1\)"),
     ({"generator_ema": float("nan")}, "generator_ema must not be NaN"),
     ({"generator_ema": "0.9"}, "generator_ema must be"),
+    ({"mode_seeking": -0.5}, r"mode_seeking must be a finite number in \[0, inf\)"),
+    ({"mode_seeking": float("inf")}, r"mode_seeking must be a finite number in \[0, inf\)"),
+    ({"mode_seeking": float("nan")}, "mode_seeking must"),
+    ({"mode_seeking": "1"}, "mode_seeking must"),
 ])
 def test_bad_settings_name_the_argument(kwargs, match):
   with pytest.raises(ValueError, match=match):

@@ -47,13 +47,15 @@ def test_dpgan_tutorial_private_and_nonprivate(tmp_path):
 def test_dpgan_tutorial_private_checkpoint_choice_and_average(tmp_path):
   """--generator_ema with --validation_size / --checkpoint_every: the choice is among the kept
   steps, its noisy scores are released, and the reported epsilon (training composed with the
-  choice) meets the target, computed here from the composed events."""
+  choice) meets the target, computed here from the composed events; the mode-seeking
+  generator term (post-processing) leaves it unchanged."""
   from analysis import dp_sgd, events, rdp_accountant  # pylint: disable=g-import-not-at-top
   results, stdout = _run(tmp_path, 5, "--generator_ema=0.9", "--validation_size=200",
                          "--checkpoint_every=4", "--selection_samples=100",
                          "--selection_epochs=1", "--selection_noise_multiplier=3",
-                         "--tstr_classifiers=cnn")
+                         "--tstr_classifiers=cnn", "--mode_seeking=1")
   assert results["candidate_generator_steps"] == [4, 8]
+  assert results["config"]["mode_seeking"] == 1.0 == results["flags"]["mode_seeking"]
   assert results["chosen_generator_step"] in (4, 8)
   assert len(results["noisy_validation_accuracies"]) == 2
   assert results["selection_noise_stddev"] == pytest.approx(3 * math.sqrt(2) / 200)
@@ -71,6 +73,8 @@ def test_dpgan_tutorial_private_checkpoint_choice_and_average(tmp_path):
     (["--validation_size=100"], "--validation_size and --checkpoint_every go together"),
     (["--checkpoint_every=3"], "--checkpoint_every must be 0 or a positive multiple"),
     (["--validation_size=-1"], "--validation_size must be >= 0"),
+    (["--mode_seeking=-1"], "--mode_seeking must be a finite number >= 0"),
+    (["--mode_seeking=nan"], "--mode_seeking must be a finite number >= 0"),
     (["--validation_size=100", "--checkpoint_every=8", "--generator_steps=4"],
      "--checkpoint_every must be <= --generator_steps=4"),
     (["--validation_size=100", "--checkpoint_every=4", "--selection_noise_multiplier=0"],

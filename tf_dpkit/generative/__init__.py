@@ -3,7 +3,8 @@
 * :class:`DPGAN` (:mod:`tf_dpkit.generative.dpgan`): trains any Keras generator and
   discriminator (conditional on labels or not; standard or Wasserstein loss) so that the
   discriminator's real-data gradients are clipped per example and noised (DP-SGD with Poisson
-  batches); the generator is post-processing.  :func:`sample` draws from a saved generator.
+  batches); the generator is post-processing (optionally with MSGAN's mode-seeking term,
+  :func:`mode_seeking_penalty`).  :func:`sample` draws from a saved generator.
 * :class:`PATEGAN` (:mod:`tf_dpkit.generative.pategan`): teacher discriminators on disjoint
   shards, a student discriminator trained only on generated examples labelled by noisy teacher
   votes (tf_dpkit.pate aggregators, analysis.pate.PateAccountant), the generator trained
@@ -20,7 +21,8 @@
 import importlib
 
 from tf_dpkit.generative.dpgan import (DPGAN, GRADIENT_PENALTY_REFUSED, LOSSES,
-                                       check_discriminator_examples_independent, sample)
+                                       check_discriminator_examples_independent,
+                                       mode_seeking_penalty, sample)
 from tf_dpkit.generative.evaluation import (TABULAR_CLASSIFIERS, binary_auprc, binary_auroc,
                                             clear_feature_cache, frechet_distance,
                                             frechet_distance_from_features,
@@ -39,7 +41,7 @@ from tf_dpkit.generative.pategan import (PATE_AGGREGATORS, PATEGAN, affordable_q
 
 __all__ = [
     "DPGAN", "GRADIENT_PENALTY_REFUSED", "LOSSES", "check_discriminator_examples_independent",
-    "sample", "clear_feature_cache", "frechet_distance", "frechet_distance_from_features",
+    "mode_seeking_penalty", "sample", "clear_feature_cache", "frechet_distance", "frechet_distance_from_features",
     "mnist_feature_extractor", "save_sample_grid", "tstr_accuracy", "tstr_classifier",
     "tstr_correct",
     "TABULAR_CLASSIFIERS", "binary_auroc", "binary_auprc", "tabular_classifier", "tstr_tabular",

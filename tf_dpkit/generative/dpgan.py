@@ -162,6 +162,15 @@ class DPGAN:
       statistics are averaged like the rest, so they are not exactly the statistics of the
       averaged weights.  A function of the generator's iterates only: post-processing, no
       privacy cost.
+    mode_seeking: lambda, a finite number >= 0 (default 0: off), the weight of the
+      mode-seeking term of MSGAN (Mao et al., CVPR 2019) in the generator loss.  Each generator
+      step then draws a second public noise batch ``z2`` for the same fake labels ``y`` and
+      minimises ``L_G + lambda / (mean|G(z1, y) - G(z2, y)| / mean|z1 - z2| + 1e-5)`` (means of
+      absolute differences over all elements; :func:`mode_seeking_penalty`), which penalises a
+      generator whose images do not move with its noise input (within-class collapse).  The
+      term reads the generator and public noise only: post-processing, no privacy cost; each
+      generator step costs about twice as much.  With 0 no second batch is drawn, so the run
+      is exactly that of a DPGAN without the option.
 
   Attributes:
     accountant: the :class:`~tf_dpkit.budget.PrivacyLedger`; one recorded step per
@@ -176,7 +185,8 @@ class DPGAN:
                discriminator_steps=1, discriminator_learning_rate=2e-4,
                generator_learning_rate=2e-4, optimizer="adam", beta_1=0.5, weight_clip="auto",
                gradient_penalty=None, clip_fake_examples=True, seed=0, noise_seed=None,
-               method="auto", accountant="rdp", delta=1e-5, generator_ema=None):
+               method="auto", accountant="rdp", delta=1e-5, generator_ema=None,
+               mode_seeking=0.0):
     if gradient_penalty is not None and gradient_penalty != 0:
       raise ValueError(GRADIENT_PENALTY_REFUSED + f" Got gradient_penalty={gradient_penalty!r}.")
     check_built_models(generator=generator, discriminator=discriminator)
@@ -246,6 +256,7 @@ class DPGAN:
       self.averaged_generator = keras.models.clone_model(generator)
       self.averaged_generator.set_weights(generator.get_weights())
       self._ema_updates = tf.Variable(0.0, trainable=False, dtype=tf.float32)
+    self.mode_seeking = _checks.check_finite_nonnegative("mode_seeking", mode_seeking)
     self._g_step = _autograph.function(self._generator_step)
     self.history: list[dict] = []
 
@@ -323,12 +334,18 @@ class DPGAN:
   def _generator_step(self):
     """One generator step: reads ``D``'s weights and public randomness, never real data."""
     z, y_fake = self._latent(self.fake_batch_size)
+    if self.mode_seeking:
+      z2 = self._rng.normal([self.fake_batch_size, self.latent_dim])  # public, drawn only when the term is on
     with tf.GradientTape() as tape:
       x_fake = self.generator(self._inputs(z, y_fake), training=True)
       logits = self.discriminator(self._inputs(x_fake, y_fake), training=False)
       loss = tf.reduce_mean(_generator_term(self.loss, logits))
+      total = loss
+      if self.mode_seeking:
+        x_fake2 = self.generator(self._inputs(z2, y_fake), training=True)
+        total = loss + self.mode_seeking * mode_seeking_penalty(x_fake, x_fake2, z, z2)
     variables = self.generator.trainable_variables
-    grads = tape.gradient(loss, variables)
+    grads = tape.gradient(total, variables)
     self.generator_optimizer.apply(grads, variables)
     if self.averaged_generator is not None:
       self._update_average()
@@ -571,7 +588,22 @@ class DPGAN:
         "clip_fake_examples": self.clip_fake_examples, "seed": self.seed,
         "method": self.method, "accountant": self.accountant.accountant,
         "delta": self.accountant.delta, "generator_ema": self.generator_ema,
+        "mode_seeking": self.mode_seeking,
     }
+
+
+def mode_seeking_penalty(images_1, images_2, noise_1, noise_2, eps=1e-5):
+  """MSGAN's mode-seeking penalty ``1 / (mean|x1 - x2| / mean|z1 - z2| + eps)``.
+
+  ``x_i = G(z_i, y)`` are two generator outputs for the same labels and noise batches ``z1``,
+  ``z2`` (each mean is over every element of its tensor, so the ratio is unitless: output
+  change per unit of noise change).  It is 1/eps for a generator that ignores its noise and
+  falls as the outputs spread; Mao et al. (CVPR 2019) add ``lambda`` times it to ``L_G``.
+  Returns a scalar tensor.
+  """
+  ratio = (tf.reduce_mean(tf.abs(images_1 - images_2)) /
+           tf.reduce_mean(tf.abs(noise_1 - noise_2)))
+  return 1.0 / (ratio + eps)
 
 
 def _median(values):
