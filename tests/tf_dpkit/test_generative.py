@@ -186,7 +186,11 @@ def test_mode_seeking_generator_step_is_the_msgan_loss_by_hand(num_classes):
   logs = gan.generator_step()
   assert float(logs["generator_loss"]) == pytest.approx(float(adversarial), rel=1e-5)
   for b, a, gr in zip(before, _weights(gan.generator), grads):
-    np.testing.assert_allclose(b - a, lr * gr.numpy(), rtol=1e-4, atol=1e-7)
+    # Weights near 1 with updates near 1e-7: compare the updated weights (float32 rounding of
+    # w - lr g is about 6e-8 there), not the differences.
+    np.testing.assert_allclose(a, b - lr * gr.numpy(), rtol=1e-5, atol=1e-6)
+  moved = max(float(np.max(np.abs(lr * gr.numpy()))) for gr in grads)
+  assert moved > 1e-3  # the step is far larger than the tolerance
   for b, a in zip(d_before, _weights(gan.discriminator)):
     np.testing.assert_array_equal(a, b)
   assert gan.get_config()["mode_seeking"] == lam and ref.get_config()["mode_seeking"] == 0.0
