@@ -41,7 +41,8 @@ from tf_dpkit.generative.pategan import (PATE_AGGREGATORS, PATEGAN, affordable_q
 
 __all__ = [
     "DPGAN", "GRADIENT_PENALTY_REFUSED", "LOSSES", "check_discriminator_examples_independent",
-    "mode_seeking_penalty", "sample", "clear_feature_cache", "frechet_distance", "frechet_distance_from_features",
+    "mode_seeking_penalty", "sample", "clear_feature_cache", "frechet_distance",
+    "frechet_distance_from_features",
     "mnist_feature_extractor", "save_sample_grid", "tstr_accuracy", "tstr_classifier",
     "tstr_correct",
     "TABULAR_CLASSIFIERS", "binary_auroc", "binary_auprc", "tabular_classifier", "tstr_tabular",

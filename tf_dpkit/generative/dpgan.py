@@ -335,7 +335,8 @@ class DPGAN:
     """One generator step: reads ``D``'s weights and public randomness, never real data."""
     z, y_fake = self._latent(self.fake_batch_size)
     if self.mode_seeking:
-      z2 = self._rng.normal([self.fake_batch_size, self.latent_dim])  # public, drawn only when the term is on
+      # Public noise, drawn only when the term is on (lambda 0 keeps the stream unchanged).
+      z2 = self._rng.normal([self.fake_batch_size, self.latent_dim])
     with tf.GradientTape() as tape:
       x_fake = self.generator(self._inputs(z, y_fake), training=True)
       logits = self.discriminator(self._inputs(x_fake, y_fake), training=False)
@@ -599,6 +600,7 @@ def mode_seeking_penalty(images_1, images_2, noise_1, noise_2, eps=1e-5):
   ``z2`` (each mean is over every element of its tensor, so the ratio is unitless: output
   change per unit of noise change).  It is 1/eps for a generator that ignores its noise and
   falls as the outputs spread; Mao et al. (CVPR 2019) add ``lambda`` times it to ``L_G``.
+  ``eps`` > 0 bounds it; ``z1`` and ``z2`` must differ (independent draws do almost surely).
   Returns a scalar tensor.
   """
   ratio = (tf.reduce_mean(tf.abs(images_1 - images_2)) /
