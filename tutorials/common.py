@@ -30,6 +30,11 @@ def define_flags(default_learning_rate=0.15):
   flags.DEFINE_float("target_epsilon", None,
                      "Train to a budget: pick the noise multiplier for this epsilon and stop "
                      "before exceeding it.")
+  flags.DEFINE_enum("accountant", "rdp", ["rdp", "pld"],
+                    "The accountant that calibrates the noise to --target_epsilon and stops "
+                    "training at it: rdp (Renyi DP) or pld (privacy loss distributions: a "
+                    "tighter upper bound, so less noise for the same epsilon). Both epsilons are "
+                    "printed at the end.")
   flags.DEFINE_bool("validation", False,
                     "Tuning split: train on the first 50,000 training images and report "
                     "validation_accuracy on the last 10,000 (the test set is not used; "
@@ -82,18 +87,26 @@ def validate_flags():
         "are clipped per example.")
 
 
+def ledger():
+  """An empty privacy ledger at --delta that composes with --accountant (the accountant that
+  also calibrated the noise and stops training at --target_epsilon)."""
+  return PrivacyLedger(FLAGS.delta, FLAGS.accountant)
+
+
 def noise_multiplier(n, also=()):
-  """The flag's noise multiplier, or the calibrated one when --target_epsilon is given (with the
-  events ``also`` of other mechanisms on the same records composed into the budget)."""
+  """The flag's noise multiplier, or the calibrated one when --target_epsilon is given (by
+  --accountant, with the events ``also`` of other mechanisms on the same records composed into
+  the budget)."""
   if FLAGS.target_epsilon is None:
     return FLAGS.noise_multiplier
   from tf_dpkit.budget import noise_multiplier_for_budget  # pylint: disable=g-import-not-at-top
   sigma = noise_multiplier_for_budget(FLAGS.target_epsilon, FLAGS.delta, n, FLAGS.batch_size,
-                                      FLAGS.epochs, sampling=FLAGS.sampling,
+                                      FLAGS.epochs, accountant=FLAGS.accountant,
+                                      sampling=FLAGS.sampling,
                                       microbatch_size=microbatch_size(), also=also)
   print(f"Train to a budget: noise_multiplier={sigma:.4f} meets epsilon={FLAGS.target_epsilon} "
-        f"at delta={FLAGS.delta} for {FLAGS.epochs} epochs"
-        + (" composed with the feature statistics." if also else "."))
+        f"at delta={FLAGS.delta} by {FLAGS.accountant.upper()} accounting for {FLAGS.epochs} "
+        "epochs" + (" composed with the feature statistics." if also else "."))
   return sigma
 
 

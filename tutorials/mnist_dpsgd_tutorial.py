@@ -37,7 +37,9 @@ mechanism (``tf_dpkit.features.private_channel_normalization``, ``--normalizatio
 their cost is recorded in the run's ledger and composed into the noise calibration, so the
 epsilon printed covers both.  ``--recipe=scatternet`` sets the tuned values (``recipes.py``).
 ``--validation`` trains on the first 50,000 training images and reports accuracy on the last
-10,000 instead of the test set (how the recipes were tuned).
+10,000 instead of the test set (how the recipes were tuned).  ``--accountant=pld`` calibrates
+the noise to ``--target_epsilon`` and stops training at it by PLD accounting (a tighter upper
+bound than RDP, so less noise); the final line prints both epsilons either way.
 
     python tutorials/mnist_dpsgd_tutorial.py --recipe=scatternet                      # epsilon 3
     python tutorials/mnist_dpsgd_tutorial.py --recipe=scatternet --target_epsilon=1
@@ -61,7 +63,7 @@ import tf_dpkit  # noqa: E402
 from mnist_cnn import ACTIVATIONS, scatternet_cnn_layers  # noqa: E402
 from tf_dpkit import recipe as recipe_lib  # noqa: E402
 from tf_dpkit import features as features_lib  # noqa: E402
-from tf_dpkit.budget import PrivacyBudget, PrivacyLedger  # noqa: E402
+from tf_dpkit.budget import PrivacyBudget  # noqa: E402
 
 FLAGS = common.FLAGS
 common.define_flags()
@@ -197,7 +199,7 @@ def main(argv):
   _check_feature_flags()
   keras.mixed_precision.set_global_policy(FLAGS.dtype_policy)
   (x_train, y_train), (x_test, y_test), n, steps = common.setup()
-  ledger = PrivacyLedger(FLAGS.delta)
+  ledger = common.ledger()
   channels, also = None, ()
   if FLAGS.features == "scattering":
     x_train, x_test, statistics = _scattering_features(x_train, x_test, ledger)

@@ -83,9 +83,9 @@ def main(argv):
         num_microbatches=FLAGS.microbatches, learning_rate=FLAGS.learning_rate,
         expected_batch_size=FLAGS.batch_size if poisson else None),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-  budget = PrivacyBudget(FLAGS.batch_size / n, FLAGS.delta, FLAGS.target_epsilon,
+  budget = PrivacyBudget(FLAGS.batch_size / n, target_epsilon=FLAGS.target_epsilon,
                          sampling=FLAGS.sampling, steps_per_epoch=steps,
-                         batch_size=FLAGS.batch_size, verbose=False)
+                         batch_size=FLAGS.batch_size, accountant=common.ledger(), verbose=False)
   options = tf.data.Options()
   # Every worker reads the same global batches; tf.distribute splits each across the replicas.
   options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA

@@ -29,7 +29,6 @@ from absl import app, flags  # noqa: E402
 
 import common  # noqa: E402
 import tf_dpkit  # noqa: E402
-from tf_dpkit.budget import PrivacyLedger  # noqa: E402
 
 FLAGS = common.FLAGS
 common.define_flags(default_learning_rate=0.001)
@@ -56,7 +55,7 @@ def main(argv):
         l2_norm_clip=FLAGS.l2_norm_clip, noise_multiplier=sigma,
         num_microbatches=FLAGS.microbatches, learning_rate=FLAGS.learning_rate,
         expected_batch_size=FLAGS.batch_size if FLAGS.sampling == "poisson" else None)
-    accountant = PrivacyLedger(FLAGS.delta)
+    accountant = common.ledger()
   else:
     optimizer = keras.optimizers.Adam(FLAGS.learning_rate)
 

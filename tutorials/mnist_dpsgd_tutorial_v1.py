@@ -26,7 +26,6 @@ from absl import app  # noqa: E402
 
 import common  # noqa: E402
 import tf_dpkit  # noqa: E402
-from tf_dpkit.budget import PrivacyLedger  # noqa: E402
 
 V1 = tf.compat.v1
 FLAGS = common.FLAGS
@@ -76,7 +75,7 @@ def main(argv):
           num_microbatches=FLAGS.microbatches, learning_rate=FLAGS.learning_rate,
           expected_batch_size=FLAGS.batch_size if FLAGS.sampling == "poisson" else None)
       train_op = optimizer.minimize(loss=vector_loss)
-      accountant = PrivacyLedger(FLAGS.delta)
+      accountant = common.ledger()
     else:
       optimizer = V1.train.GradientDescentOptimizer(FLAGS.learning_rate)
       train_op = optimizer.minimize(loss=mean_loss)

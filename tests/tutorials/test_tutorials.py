@@ -105,6 +105,36 @@ def test_train_to_a_budget_uses_the_whole_budget_for_its_pipeline(sampling):
   assert 3.0 * 0.999 < final["epsilon_rdp"] <= 3.0
 
 
+def test_train_to_a_budget_by_pld_calibrates_less_noise_and_spends_the_budget_by_pld():
+  # --accountant=pld: the noise is the smallest meeting the target by PLD accounting; the run
+  # takes every step, ends just under the target by PLD (checked against dp_accounting's PLD
+  # accountant for the printed sigma, independent of analysis) and above it by the looser RDP,
+  # so the sigma is below the one an RDP calibration gives (that run ends at RDP <= 3).
+  out = _run("mnist_dpsgd_tutorial.py", "--target_epsilon=3.0", "--accountant=pld",
+             "--learning_rate=0.5")
+  assert "by PLD accounting" in out
+  sigma = float(re.search(r"Train to a budget: noise_multiplier=([\d.]+)", out)[1])
+  final = _final(out)
+  steps = EPOCHS * (TRAIN // BATCH)
+  assert final["steps"] == steps
+  assert 3.0 * 0.995 < final["epsilon_pld"] <= 3.0 + 1e-9
+  assert final["epsilon_rdp"] > 3.05
+  dpa = pytest.importorskip("dp_accounting")
+  pld = pytest.importorskip("dp_accounting.pld.pld_privacy_accountant").PLDAccountant(
+      value_discretization_interval=1e-4)
+  pld.compose(dpa.SelfComposedDpEvent(
+      dpa.PoissonSampledDpEvent(BATCH / TRAIN, dpa.GaussianDpEvent(sigma)), steps))
+  # sigma is printed to 4 decimals: allow the epsilon change of that rounding.
+  assert math.isclose(final["epsilon_pld"], pld.get_epsilon(DELTA), rel_tol=2e-3)
+  # Any other accountant is refused by name before training.
+  cmd = [sys.executable, os.path.join(ROOT, "tutorials", "mnist_dpsgd_tutorial.py"),
+         "--target_epsilon=3.0", "--accountant=moments", f"--train_size={TRAIN}"]
+  bad = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+  assert bad.returncode != 0
+  assert "--accountant" in bad.stderr and "rdp" in bad.stderr and "pld" in bad.stderr
+  assert "epoch 1" not in bad.stdout
+
+
 @pytest.mark.parametrize("strategy, sampling", [
     ("mirrored", "shuffle"), ("multiworker", "shuffle"),
     pytest.param("mirrored", "poisson", marks=pytest.mark.slow)])
