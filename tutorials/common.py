@@ -31,10 +31,10 @@ def define_flags(default_learning_rate=0.15):
                      "Train to a budget: pick the noise multiplier for this epsilon and stop "
                      "before exceeding it.")
   flags.DEFINE_enum("accountant", "rdp", ["rdp", "pld"],
-                    "The accountant that calibrates the noise to --target_epsilon and stops "
-                    "training at it: rdp (Renyi DP) or pld (privacy loss distributions: a "
-                    "tighter upper bound, so less noise for the same epsilon). Both epsilons are "
-                    "printed at the end.")
+                    "The accountant that calibrates the noise to --target_epsilon, stops "
+                    "training at it and gives the per-epoch epsilon: rdp (Renyi DP) or pld "
+                    "(privacy loss distributions: a tighter upper bound, so less noise for the "
+                    "same epsilon). The final line prints both epsilons.")
   flags.DEFINE_bool("validation", False,
                     "Tuning split: train on the first 50,000 training images and report "
                     "validation_accuracy on the last 10,000 (the test set is not used; "
